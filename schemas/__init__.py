@@ -1,0 +1,62 @@
+"""Wire contracts (pydantic v2) for everything that crosses a STAM topic or is stored.
+
+Topic payloads only; the memory model's behaviour lives in the ``stam`` package.
+"""
+
+from schemas.common import (
+    WIRE_VERSION,
+    Category,
+    Coding,
+    CodeSystem,
+    Reason,
+    Store,
+)
+from schemas.entry import Quantity, RecordEntry, Reference
+from schemas.memory import (
+    DIRECTED_RELATIONS,
+    AtomicMemory,
+    Relation,
+    RelationType,
+    Span,
+    StoredMemory,
+)
+from schemas.pipeline import (
+    Archive,
+    Channel,
+    DeadLetter,
+    ExtractedEntry,
+    ImpactCandidate,
+    ImpactedEntry,
+    LinkedEntry,
+    TransitionEvent,
+    TransitionKind,
+    UpdateDecision,
+)
+
+__all__ = [
+    "DIRECTED_RELATIONS",
+    "WIRE_VERSION",
+    "Archive",
+    "AtomicMemory",
+    "Category",
+    "Channel",
+    "CodeSystem",
+    "Coding",
+    "DeadLetter",
+    "ExtractedEntry",
+    "ImpactCandidate",
+    "ImpactedEntry",
+    "LinkedEntry",
+    "Quantity",
+    "Reason",
+    "RecordEntry",
+    "Reference",
+    "Relation",
+    "RelationType",
+    "Span",
+    "Store",
+    "StoredMemory",
+    "TransitionEvent",
+    "TransitionKind",
+    "UpdateDecision",
+]

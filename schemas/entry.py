@@ -1,0 +1,63 @@
+"""Record entries: what users publish on the entries topic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from schemas.common import AwareDatetime, Coding, NonEmptyStr, SchemaVersion, WireModel
+
+
+class Reference(WireModel):
+    """A typed pointer from an entry to another source resource (e.g. a reasonReference).
+
+    ``role`` names the source field (``reason``, ``addresses``, ``encounter-reason``, ``based-on``,
+    ``part-of``, ``has-member``); the coded linker maps roles to relation types.
+    """
+
+    role: NonEmptyStr
+    target: NonEmptyStr = Field(description="Source reference, e.g. 'Condition/1234'")
+
+
+class Quantity(WireModel):
+    value: float | None = None
+    unit: str | None = None
+    text: str | None = Field(default=None, description="Non-numeric value (coded or string result)")
+
+
+class RecordEntry(WireModel):
+    """One record entry of one patient.
+
+    Two clocks are kept apart: ``effective_at``/``effective_end`` say when the fact was clinically true;
+    ``recorded_at`` says when the source recorded it. Update order follows arrival on the topic; validity
+    follows clinical time.
+    """
+
+    schema_version: SchemaVersion = 1
+    patient_id: NonEmptyStr
+    entry_id: NonEmptyStr = Field(description="Deterministic id: same source content, same id")
+    source: NonEmptyStr = Field(description="Source system/format, e.g. 'fhir-r4'")
+    source_ref: NonEmptyStr | None = Field(
+        default=None, description="Identity of the source resource, e.g. 'MedicationRequest/abc'"
+    )
+    resource_type: NonEmptyStr | None = None
+    effective_at: AwareDatetime | None = None
+    effective_end: AwareDatetime | None = None
+    recorded_at: AwareDatetime | None = None
+    status: str | None = Field(default=None, description="Source status (active, stopped, resolved...)")
+    codes: tuple[Coding, ...] = ()
+    text: str | None = Field(default=None, max_length=200_000)
+    value: Quantity | None = None
+    components: tuple[tuple[Coding, Quantity], ...] = ()
+    dosage: str | None = None
+    references: tuple[Reference, ...] = ()
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _has_content(self) -> RecordEntry:
+        if not self.codes and not (self.text and self.text.strip()):
+            raise ValueError("an entry needs codes or text")
+        if self.effective_at and self.effective_end and self.effective_end < self.effective_at:
+            raise ValueError("effective_end is before effective_at")
+        return self

@@ -1,0 +1,104 @@
+"""Atomic memories and typed relations."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from schemas.common import (
+    AwareDatetime,
+    Category,
+    Coding,
+    NonEmptyStr,
+    Reason,
+    SchemaVersion,
+    Store,
+    WireModel,
+)
+
+
+class Span(WireModel):
+    """Character offsets of the memory in its entry's text (free-text entries)."""
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+
+
+class AtomicMemory(WireModel):
+    """One person-specific clinical assertion extracted from one entry.
+
+    ``memory_id`` derives from the entry id and the memory's position in it, so replaying an entry
+    yields the same ids. ``concept_key`` is the identity the coded reasoner compares on
+    (``system|code``); free-text memories without a code have none.
+    """
+
+    schema_version: SchemaVersion = 1
+    memory_id: NonEmptyStr
+    patient_id: NonEmptyStr
+    entry_id: NonEmptyStr
+    position: int = Field(ge=0)
+    category: Category
+    text: str = Field(min_length=1, description="Canonical statement, what gets embedded and served")
+    concept: Coding | None = None
+    status: str | None = None
+    value: float | None = None
+    value_text: str | None = None
+    unit: str | None = None
+    dosage: str | None = None
+    effective_start: AwareDatetime | None = None
+    effective_end: AwareDatetime | None = None
+    recorded_at: AwareDatetime | None = None
+    source_ref: str | None = None
+    span: Span | None = None
+    embed_text: str | None = Field(
+        default=None,
+        description="Text used for the embedding when it differs from `text` (values excluded, so a "
+        "repeated concept reuses one vector)",
+    )
+
+    @property
+    def concept_key(self) -> str | None:
+        return f"{self.concept.system}|{self.concept.code}" if self.concept else None
+
+
+class RelationType(StrEnum):
+    RESTATEMENT = "restatement"
+    SAME_CONDITION_THREAD = "same_condition_thread"
+    DRUG_INTERACTION = "drug_interaction"
+    SYSTEMIC_LINK = "systemic_link"
+    CAUSAL = "causal"
+    TREATMENT_FOR = "treatment_for"
+    MONITORING_FOR = "monitoring_for"
+
+
+DIRECTED_RELATIONS = frozenset(
+    {RelationType.CAUSAL, RelationType.TREATMENT_FOR, RelationType.MONITORING_FOR}
+)
+
+
+class Relation(WireModel):
+    """A typed edge between two memories. Directed types read source -> target
+    (``treatment_for``: drug -> condition; ``monitoring_for``: lab -> condition; ``causal``: cause -> effect).
+    """
+
+    source_id: NonEmptyStr
+    target_id: NonEmptyStr
+    type: RelationType
+    weight: float = Field(default=1.0, ge=0.0, le=1.0)
+
+    @property
+    def directed(self) -> bool:
+        return self.type in DIRECTED_RELATIONS
+
+
+class StoredMemory(WireModel):
+    """A memory as it sits in a store: the memory plus where it is and why."""
+
+    memory: AtomicMemory
+    store: Store
+    reason: Reason | None = None
+    successor_id: str | None = None
+    evidence_id: str | None = Field(default=None, description="Memory whose arrival moved this one")
+    archived_by_entry: str | None = None
+    archived_at: AwareDatetime | None = Field(default=None, description="Recorded (arrival) time")

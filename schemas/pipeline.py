@@ -1,0 +1,132 @@
+"""Payloads between the write-path stages, the transition event and the dead letter."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from schemas.common import AwareDatetime, NonEmptyStr, Reason, SchemaVersion, Store, WireModel
+from schemas.entry import RecordEntry
+from schemas.memory import AtomicMemory, Relation, RelationType
+
+
+class ExtractedEntry(WireModel):
+    """extract -> link: the entry and its atomic memories."""
+
+    schema_version: SchemaVersion = 1
+    entry: RecordEntry
+    memories: tuple[AtomicMemory, ...]
+
+
+class LinkedEntry(WireModel):
+    """link -> impact: relations to ACTIVE memories, and the patient state version they were read at."""
+
+    schema_version: SchemaVersion = 1
+    entry: RecordEntry
+    memories: tuple[AtomicMemory, ...]
+    relations: tuple[Relation, ...]
+    state_version: int = Field(ge=0)
+
+
+class Channel(StrEnum):
+    SEMANTIC = "semantic"
+    GRAPH = "graph"
+    CODE = "code"
+    """Exact concept identity (same code system and code): found before any search by meaning."""
+
+
+class ImpactCandidate(WireModel):
+    """A prior memory whose validity the new evidence may affect."""
+
+    memory_id: NonEmptyStr
+    store: Store
+    channels: tuple[Channel, ...]
+    score: float = Field(description="Cosine similarity (semantic) or strongest relation weight (graph)")
+    relation: RelationType | None = None
+
+
+class ImpactedEntry(WireModel):
+    """impact -> update: candidates per new memory (keyed by the new memory id)."""
+
+    schema_version: SchemaVersion = 1
+    entry: RecordEntry
+    memories: tuple[AtomicMemory, ...]
+    relations: tuple[Relation, ...]
+    candidates: dict[str, tuple[ImpactCandidate, ...]]
+    state_version: int = Field(ge=0)
+
+
+class Archive(WireModel):
+    """Move one ACTIVE memory to HISTORY."""
+
+    memory_id: NonEmptyStr
+    reason: Reason
+    successor_id: str | None = None
+
+
+class UpdateDecision(WireModel):
+    """The updater's judgement for one new memory over its impact candidates."""
+
+    memory_id: NonEmptyStr
+    placement: Store
+    placement_reason: Reason | None = Field(
+        default=None, description="Why a new memory goes straight to HISTORY"
+    )
+    successor_id: str | None = Field(default=None, description="For a new memory placed in HISTORY")
+    archive: tuple[Archive, ...] = ()
+    delete_proposals: tuple[str, ...] = Field(
+        default=(), description="HISTORY memories proposed for deletion; recorded, never executed here"
+    )
+    rationale: str | None = None
+
+
+class TransitionKind(StrEnum):
+    ADDED = "added"
+    """A new memory entered a store (ACTIVE, or HISTORY directly when it describes a prior state)."""
+    ARCHIVED = "archived"
+    """An ACTIVE memory moved to HISTORY."""
+    DELETE_PROPOSED = "delete_proposed"
+    """The updater proposed deleting a HISTORY memory. Recorded only; the deletion gate decides."""
+
+
+class TransitionEvent(WireModel):
+    """One change of a patient's memory state: the public output of STAM (topic ``stam.transitions.v1``).
+
+    ``transition_id`` is derived from the entry id, the memory and the kind, never from a clock, so a
+    replayed entry yields the same ids and consumers can de-duplicate.
+    """
+
+    schema_version: SchemaVersion = 1
+    transition_id: NonEmptyStr
+    patient_id: NonEmptyStr
+    entry_id: NonEmptyStr
+    sequence: int = Field(ge=0, description="Order of this transition within its entry")
+    kind: TransitionKind
+    memory_id: NonEmptyStr
+    from_store: Store | None
+    to_store: Store | None
+    reason: Reason | None = None
+    successor_id: str | None = None
+    evidence_id: str | None = None
+    clinical_time: AwareDatetime | None = Field(
+        default=None, description="Clinical time of the evidence that caused the transition"
+    )
+    recorded_at: AwareDatetime = Field(description="When STAM applied it (arrival clock)")
+    state_version: int = Field(ge=1, description="Patient state version this transition produced")
+    memory: AtomicMemory | None = Field(default=None, description="Full memory for kind=added")
+
+
+class DeadLetter(WireModel):
+    """A message that could not be processed, with its original bytes (base64) and why."""
+
+    schema_version: SchemaVersion = 1
+    stage: NonEmptyStr
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = Field(default=None, description="Original key, base64")
+    value: str = Field(description="Original value bytes, base64")
+    error_type: NonEmptyStr
+    error: str
+    failed_at: AwareDatetime

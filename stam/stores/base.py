@@ -1,0 +1,91 @@
+"""Store interfaces. Every call is scoped by patient id: there is no method that spans patients."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from schemas import Store, StoredMemory
+from stam.state import PatientState
+
+
+@dataclass(frozen=True)
+class VectorRow:
+    memory_id: str
+    vector: np.ndarray
+    store: Store = Store.ACTIVE
+
+
+@dataclass(frozen=True)
+class Hit:
+    memory_id: str
+    store: Store
+    score: float
+
+
+class VectorStore(ABC):
+    """ACTIVE and HISTORY vectors. Implementations keep one collection per store."""
+
+    @abstractmethod
+    def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
+        """Put each vector in the store its row names and remove it from the other store.
+
+        Idempotent and convergent: applying the same rows again, or the rows of a later attempt, leaves
+        each memory's vector in exactly the store the last write named.
+        """
+
+    @abstractmethod
+    def search(self, patient_id: str, store: Store, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
+        """Top-``limit`` by cosine for each query vector, within one patient and one store."""
+
+    @abstractmethod
+    def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
+        """Every vector of one patient in one store."""
+
+    @abstractmethod
+    def erase_patient(self, patient_id: str) -> int: ...
+
+    def flush(self) -> None:  # noqa: B027 - optional hook, a no-op where writes are visible at once
+        """Make recent writes cheap to search (Milvus seals growing segments)."""
+
+
+@dataclass(frozen=True)
+class Commit:
+    """Everything one applied entry changes, written atomically with a version check."""
+
+    patient_id: str
+    expected_version: int
+    state: PatientState
+    changed: Sequence[StoredMemory]
+    entry_id: str
+    outbox: bytes
+    """Serialised transition events, kept until they are delivered (transactional outbox)."""
+
+
+class StateStore(ABC):
+    """Per-patient state (memories + igraph relation graph) with optimistic versioning."""
+
+    @abstractmethod
+    def version(self, patient_id: str) -> int: ...
+
+    @abstractmethod
+    def load(self, patient_id: str) -> PatientState: ...
+
+    @abstractmethod
+    def commit(self, commit: Commit) -> None:
+        """Write iff the stored version still equals ``expected_version``; raise ConcurrentUpdate otherwise."""
+
+    @abstractmethod
+    def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None: ...
+
+    @abstractmethod
+    def clear_outbox(self, patient_id: str, entry_id: str) -> None: ...
+
+    @abstractmethod
+    def patients(self) -> list[str]: ...
+
+    @abstractmethod
+    def erase_patient(self, patient_id: str) -> int: ...

@@ -1,0 +1,116 @@
+"""Patient state in Redis: the igraph snapshot, the memory records and the version, committed atomically.
+
+Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster slot):
+
+- ``<prefix>:{<patient>}:ver``     integer version, incremented by every applied entry
+- ``<prefix>:{<patient>}:graph``   igraph snapshot (JSON: vertex names, typed weighted edges)
+- ``<prefix>:{<patient>}:mem``     hash memory_id -> StoredMemory JSON
+- ``<prefix>:{<patient>}:outbox:<entry>``  transitions of an applied entry not yet confirmed delivered
+- ``<prefix>:patients``            set of patient ids (for erasure and export tooling)
+
+A commit uses WATCH/MULTI on the version key, so two writers cannot silently overwrite each other.
+A warm per-process cache of :class:`PatientState` is checked against the version key on every load.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from threading import Lock
+
+import redis
+
+from stam.errors import ConcurrentUpdate
+from stam.state import PatientState
+from stam.stores.base import Commit, StateStore
+
+
+class RedisStateStore(StateStore):
+    def __init__(self, client: redis.Redis, *, prefix: str = "stam", cache_size: int = 2000) -> None:
+        self._r = client
+        self._prefix = prefix
+        self._cache: OrderedDict[str, PatientState] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = Lock()
+
+    def _key(self, patient_id: str, part: str) -> str:
+        return f"{self._prefix}:{{{patient_id}}}:{part}"
+
+    def version(self, patient_id: str) -> int:
+        raw = self._r.get(self._key(patient_id, "ver"))
+        return int(raw) if raw is not None else 0
+
+    def load(self, patient_id: str) -> PatientState:
+        version = self.version(patient_id)
+        with self._lock:
+            cached = self._cache.get(patient_id)
+            if cached is not None and cached.version == version:
+                self._cache.move_to_end(patient_id)
+                return cached
+        pipe = self._r.pipeline(transaction=True)
+        pipe.get(self._key(patient_id, "ver"))
+        pipe.get(self._key(patient_id, "graph"))
+        pipe.hvals(self._key(patient_id, "mem"))
+        ver, graph, mems = pipe.execute()
+        state = PatientState.restore(patient_id, int(ver or 0), graph, mems)
+        self._remember(state)
+        return state
+
+    def _remember(self, state: PatientState) -> None:
+        with self._lock:
+            self._cache[state.patient_id] = state
+            self._cache.move_to_end(state.patient_id)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+
+    def commit(self, commit: Commit) -> None:
+        pid = commit.patient_id
+        ver_key = self._key(pid, "ver")
+        new_version = commit.expected_version + 1
+        commit.state.version = new_version
+        with self._r.pipeline(transaction=True) as pipe:
+            try:
+                pipe.watch(ver_key)
+                current = pipe.get(ver_key)
+                if int(current or 0) != commit.expected_version:
+                    raise ConcurrentUpdate(
+                        f"state version moved from {commit.expected_version} to {int(current or 0)}"
+                    )
+                pipe.multi()
+                pipe.set(ver_key, new_version)
+                pipe.set(self._key(pid, "graph"), commit.state.graph_snapshot())
+                if commit.changed:
+                    pipe.hset(self._key(pid, "mem"), mapping={
+                        s.memory.memory_id: s.model_dump_json() for s in commit.changed
+                    })
+                pipe.set(self._key(pid, f"outbox:{commit.entry_id}"), commit.outbox)
+                pipe.sadd(f"{self._prefix}:patients", pid)
+                pipe.execute()
+            except redis.WatchError as exc:
+                self._forget(pid)
+                raise ConcurrentUpdate("state changed during commit") from exc
+            except ConcurrentUpdate:
+                self._forget(pid)
+                raise
+        self._remember(commit.state)
+
+    def _forget(self, patient_id: str) -> None:
+        with self._lock:
+            self._cache.pop(patient_id, None)
+
+    def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None:
+        raw = self._r.get(self._key(patient_id, f"outbox:{entry_id}"))
+        return bytes(raw) if raw is not None else None
+
+    def clear_outbox(self, patient_id: str, entry_id: str) -> None:
+        self._r.delete(self._key(patient_id, f"outbox:{entry_id}"))
+
+    def patients(self) -> list[str]:
+        return sorted(p.decode() if isinstance(p, bytes) else p
+                      for p in self._r.smembers(f"{self._prefix}:patients"))
+
+    def erase_patient(self, patient_id: str) -> int:
+        keys = list(self._r.scan_iter(match=self._key(patient_id, "*").replace("{", "\\{").replace("}", "\\}")))
+        removed = self._r.delete(*keys) if keys else 0
+        self._r.srem(f"{self._prefix}:patients", patient_id)
+        self._forget(patient_id)
+        return int(removed)

@@ -1,0 +1,1 @@
+"""Topics as code and the Faust application of the write path."""

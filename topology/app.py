@@ -1,0 +1,49 @@
+"""The Faust application of the write path and its topics, built from Settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faust
+
+from stam.config import Settings
+from topology import topics as t
+
+
+@dataclass(frozen=True)
+class Topics:
+    entries: faust.TopicT
+    extracted: faust.TopicT
+    linked: faust.TopicT
+    impacted: faust.TopicT
+    transitions: faust.TopicT
+    dead_letters: faust.TopicT
+
+
+def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:
+    config: dict[str, str] = {"retention.ms": "-1"} if spec.retention is None else {}
+    return app.topic(
+        spec.name(settings.topic_prefix), key_type=bytes, value_type=bytes, key_serializer="raw",
+        value_serializer="raw", partitions=settings.partitions, replicas=settings.replication_factor,
+        retention=spec.retention, compacting=spec.compacted or None, deleting=not spec.compacted,
+        internal=False, config=config or None,
+    )
+
+
+def create_app(settings: Settings, *, app_id: str | None = None) -> tuple[faust.App, Topics]:
+    app = faust.App(
+        app_id or settings.app_id,
+        broker=settings.broker_url,
+        store="memory://",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        web_enabled=settings.web_port > 0,
+        web_port=settings.web_port or 6066,
+        web_host="127.0.0.1",
+        producer_linger_ms=5,
+        broker_commit_every=200,
+        broker_commit_interval=1.0,
+    )
+    topics = Topics(*(_topic(app, spec, settings) for spec in t.ALL))
+    return app, topics

@@ -1,0 +1,43 @@
+"""Worker entry point: one process running the four write-path agents (scale out by running more)."""
+
+from __future__ import annotations
+
+import logging
+
+import faust
+from prometheus_client import start_http_server
+
+from stam.config import Settings
+from topology.app import create_app
+from workers import extract, impact, link, update
+from workers.runtime import Runtime
+
+log = logging.getLogger("stam.workers")
+
+
+def build(settings: Settings) -> tuple[faust.App, Runtime]:
+    app, topics = create_app(settings)
+    runtime = Runtime(settings=settings, topics=topics)
+    for module in (extract, link, impact, update):
+        module.register(app, runtime)
+
+    @app.task
+    async def _warm() -> None:
+        # Load the embedding model and open the stores before the first message arrives.
+        _ = runtime.deps
+        log.info("write-path worker ready (stores and embedding model loaded)")
+
+    @app.timer(interval=5.0)
+    async def _seal_segments() -> None:
+        # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast.
+        runtime.deps.vectors.flush()
+
+    return app, runtime
+
+
+def run(settings: Settings, loglevel: str = "info") -> None:
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    app, _ = build(settings)
+    worker = faust.Worker(app, loglevel=loglevel)
+    worker.execute_from_commandline()

