@@ -6,8 +6,8 @@ Topic payloads only; the memory model's behaviour lives in the ``stam`` package.
 from schemas.common import (
     WIRE_VERSION,
     Category,
-    Coding,
     CodeSystem,
+    Coding,
     Reason,
     Store,
 )

@@ -102,8 +102,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 def cmd_state(args: argparse.Namespace) -> int:
     from stam.export import export_state, render_text
-    from workers.runtime import redis_client
     from stam.stores.redis_state import RedisStateStore
+    from workers.runtime import redis_client
 
     settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)

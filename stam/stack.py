@@ -94,7 +94,7 @@ def up(home: Path) -> StackInfo:
     }
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        for name, (cmd, port) in specs.items():
+        for name, (cmd, _port) in specs.items():
             log = logs / f"{name}.log"
             with log.open("ab") as out:
                 procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,

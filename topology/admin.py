@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -28,10 +30,8 @@ async def ensure_topics(settings: Settings) -> list[str]:
                       "cleanup.policy": "compact" if spec.compacted else "delete"}
             new.append(NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=config))
         if new:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):
                 await admin.create_topics(new)
-            except TopicAlreadyExistsError:
-                pass
         return [n.name for n in new]
     finally:
         await admin.close()

@@ -62,7 +62,8 @@ class MilvusVectorStore(VectorStore):
             filter=_patient_filter(patient_id), output_fields=["memory_id"],
             search_params={"metric_type": "COSINE"},
         )
-        return [[Hit(h["id"], store, float(h["distance"])) for h in hits] for hits in res]
+        return [[Hit(str(h["entity"]["memory_id"]), store, float(h["distance"])) for h in hits]
+                for hits in res]
 
     def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
         rows: list[VectorRow] = []

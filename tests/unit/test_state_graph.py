@@ -1,0 +1,31 @@
+from datetime import UTC, datetime
+
+from schemas import AtomicMemory, Category, Reason, Relation, RelationType, Store
+from stam.state import PatientState
+
+
+def mem(i: int) -> AtomicMemory:
+    return AtomicMemory(memory_id=f"m{i}", patient_id="p", entry_id=f"e{i}", position=0,
+                        category=Category.OBSERVATION, text=f"fact {i}")
+
+
+def test_no_new_relation_to_history_but_existing_relations_survive() -> None:
+    s = PatientState("p")
+    for i in range(3):
+        s.add(mem(i), Store.ACTIVE)
+    assert s.relate(Relation(source_id="m0", target_id="m1", type=RelationType.TREATMENT_FOR))
+    s.archive("m1", reason=Reason.SUPERSEDED, successor_id="m2", evidence_id="m2", entry_id="e2",
+              at=datetime(2020, 1, 1, tzinfo=UTC))
+    assert not s.relate(Relation(source_id="m2", target_id="m1", type=RelationType.RESTATEMENT))
+    assert [(n, t) for n, t, _ in s.neighbours("m1")] == [("m0", RelationType.TREATMENT_FOR)]
+
+
+def test_snapshot_roundtrip_keeps_graph() -> None:
+    s = PatientState("p")
+    for i in range(3):
+        s.add(mem(i), Store.ACTIVE)
+    s.relate(Relation(source_id="m2", target_id="m0", type=RelationType.MONITORING_FOR, weight=0.8))
+    restored = PatientState.restore("p", 1, s.graph_snapshot(),
+                                    [v.model_dump_json().encode() for v in s.memories.values()])
+    assert restored.relations() == s.relations()
+    assert restored.counts() == s.counts()
