@@ -2,8 +2,10 @@
 
 One agent instance per partition processes messages one at a time, so two entries of one patient are
 never applied concurrently; the versioned commit in the state store guards the rest (rebalances, a second
-worker). Transitions are committed to Redis in an outbox together with the state, then published and
-confirmed, then the outbox is cleared: a crash in between republishes the same transition ids.
+worker). Transitions are committed to Redis in an outbox together with the state, then published; the
+outbox is cleared once the broker confirms delivery. The agent does not wait for that confirmation before
+taking the next entry (the producer keeps per-partition order); an outbox left by a crash is republished,
+with the same transition ids, when a worker starts (``republish_pending``) or when the entry is redelivered.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import faust
 
 from schemas import ImpactedEntry
 from stam.metrics import MESSAGES, REDONE, TRANSITIONS
-from stam.stages import UpdateResult, update_stage
+from stam.stages import UpdateResult, decode_outbox, update_stage
 from workers.common import run_stage
 from workers.runtime import Runtime
 
@@ -25,6 +27,28 @@ log = logging.getLogger("stam.workers")
 
 def register(app: faust.App, runtime: Runtime) -> Any:
     topics = runtime.topics
+    pending: set[asyncio.Future[None]] = set()
+
+    async def _clear_when_delivered(futures: list[Any], patient_id: str, entry_id: str) -> None:
+        try:
+            await asyncio.gather(*futures)
+        except Exception:  # delivery failed: keep the outbox; it is republished on restart or redelivery
+            log.warning("transition delivery failed; outbox kept for republication")
+            return
+        runtime.deps.states.clear_outbox(patient_id, entry_id)
+
+    @app.task
+    async def republish_pending() -> None:
+        """Publish outboxes a previous worker left undelivered (same ids: consumers de-duplicate)."""
+        states = runtime.deps.states
+        count = 0
+        for patient_id, entry_id, raw in states.pending_outboxes():
+            for t in decode_outbox(raw):
+                await topics.transitions.send(key=patient_id.encode(), value=t.model_dump_json().encode())
+            states.clear_outbox(patient_id, entry_id)
+            count += 1
+        if count:
+            log.warning("republished %d undelivered transition outboxes", count)
 
     @app.agent(topics.impacted, name="stam.update")
     async def update(stream: faust.StreamT[Any]) -> None:
@@ -38,14 +62,14 @@ def register(app: faust.App, runtime: Runtime) -> Any:
                     MESSAGES.labels(stage="update", outcome="duplicate").inc()
                 futures = [await topics.transitions.send(key=key, value=t.model_dump_json().encode())
                            for t in out.transitions]
-                if futures:
-                    await asyncio.gather(*futures)
                 for t in out.transitions:
                     if not out.duplicate:
                         TRANSITIONS.labels(kind=t.kind.value, reason=t.reason.value if t.reason else "").inc()
-                if out.transitions:
+                if futures:
                     first = out.transitions[0]
-                    runtime.deps.states.clear_outbox(first.patient_id, first.entry_id)
+                    task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
 
             await run_stage(event, stage="update", model=ImpactedEntry, fn=update_stage,
                             runtime=runtime, on_result=publish)

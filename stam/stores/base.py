@@ -82,6 +82,10 @@ class StateStore(ABC):
     def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None: ...
 
     @abstractmethod
+    def pending_outboxes(self) -> list[tuple[str, str, bytes]]:
+        """(patient id, entry id, outbox) of every entry whose transitions are not confirmed delivered."""
+
+    @abstractmethod
     def clear_outbox(self, patient_id: str, entry_id: str) -> None: ...
 
     @abstractmethod

@@ -101,6 +101,17 @@ class RedisStateStore(StateStore):
         raw = self._r.get(self._key(patient_id, f"outbox:{entry_id}"))
         return bytes(raw) if raw is not None else None
 
+    def pending_outboxes(self) -> list[tuple[str, str, bytes]]:
+        found = []
+        for key in self._r.scan_iter(match=f"{self._prefix}:*:outbox:*", count=1000):
+            name = key.decode() if isinstance(key, bytes) else key
+            head, entry_id = name.split(":outbox:", 1)
+            patient_id = head[len(self._prefix) + 2:-1]  # strip "<prefix>:{" and "}"
+            raw = self._r.get(key)
+            if raw is not None:
+                found.append((patient_id, entry_id, bytes(raw)))
+        return found
+
     def clear_outbox(self, patient_id: str, entry_id: str) -> None:
         self._r.delete(self._key(patient_id, f"outbox:{entry_id}"))
 

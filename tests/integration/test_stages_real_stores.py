@@ -140,3 +140,13 @@ def test_other_patient_is_never_touched(deps: Any, small_bundle: Any) -> None:
     hits = deps.vectors.search("dose-patient", Store.ACTIVE,
                                deps.embedder.embed(["observation: Body Height"]), 50)[0]
     assert {h.memory_id for h in hits} <= set(other.memories)
+
+
+def test_undelivered_outboxes_are_found_for_republication(deps: Any, small_bundle: Any) -> None:
+    results = [process_entry(e, deps) for e in small_bundle.entries[:5]]
+    deps.states.clear_outbox(SMALL_PATIENT, small_bundle.entries[0].entry_id)
+    pending = {(p, e): raw for p, e, raw in deps.states.pending_outboxes()}
+    assert set(pending) == {(SMALL_PATIENT, e.entry_id) for e in small_bundle.entries[1:5]}
+    from stam.stages import decode_outbox
+
+    assert decode_outbox(pending[(SMALL_PATIENT, small_bundle.entries[1].entry_id)]) == results[1].transitions
