@@ -59,8 +59,19 @@ def export_state(state: PatientState) -> dict[str, Any]:
     }
 
 
+_CATEGORY_ORDER = ["condition", "medication", "allergy", "careplan", "immunization", "procedure",
+                   "observation", "report", "encounter", "note", "other"]
+
+
+def _for_reading(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text mode: problems and medications first, then the rest; most recent first within a category."""
+    recent_first = sorted(records, key=lambda r: r["effective_start"] or "", reverse=True)
+    return sorted(recent_first, key=lambda r: _CATEGORY_ORDER.index(r["category"]))
+
+
 def render_text(state: PatientState, *, limit: int | None = None) -> str:
     data = export_state(state)
+    data["active"], data["history"] = _for_reading(data["active"]), _for_reading(data["history"])
     lines = [f"Patient {state.patient_id}  (state version {state.version})",
              f"ACTIVE {data['counts']['active']}  HISTORY {data['counts']['history']}  "
              f"relations {data['counts']['relations']}", "", "ACTIVE (what holds now):"]
