@@ -206,10 +206,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
     entry = x.entry
     reasoner = deps.router.for_entry(entry)
     base_version = current.version
-    state = PatientState.restore(current.patient_id, base_version, current.graph_snapshot(), ())
-    state.memories = dict(current.memories)
-    state._by_concept.update({k: list(v) for k, v in current._by_concept.items()})
-    state._by_source.update({k: list(v) for k, v in current._by_source.items()})
+    state = current.copy()
     now = deps.clock()
     new_version = base_version + 1
 

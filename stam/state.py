@@ -128,6 +128,15 @@ class PatientState:
         if mem.source_ref:
             self._by_source[mem.source_ref].append(mem.memory_id)
 
+    def copy(self) -> PatientState:
+        """An independent copy to change and commit; the original (a cached snapshot) stays untouched."""
+        return PatientState(
+            patient_id=self.patient_id, version=self.version, memories=dict(self.memories),
+            graph=self.graph.copy(),
+            _by_concept=defaultdict(list, {k: list(v) for k, v in self._by_concept.items()}),
+            _by_source=defaultdict(list, {k: list(v) for k, v in self._by_source.items()}),
+        )
+
     # --- snapshot ----------------------------------------------------------------------------------
 
     def graph_snapshot(self) -> bytes:

@@ -270,9 +270,9 @@ class CodedReasoner:
         newer = [s for s in same_concept if _when(s.memory) > t_new]
         if any(s.store is Store.ACTIVE for s in newer):
             follower = min(newer, key=lambda s: _when(s.memory))
+            newest = max(active_same, key=lambda x: _when(x.memory))
             for s in active_same:
                 if _when(s.memory) <= t_new:
-                    newest = max((x for x in active_same), key=lambda x: _when(x.memory))
                     archives[s.memory.memory_id] = Archive(
                         memory_id=s.memory.memory_id, reason=Reason.SUPERSEDED,
                         successor_id=newest.memory.memory_id)

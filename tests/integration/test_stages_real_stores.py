@@ -150,3 +150,14 @@ def test_undelivered_outboxes_are_found_for_republication(deps: Any, small_bundl
     from stam.stages import decode_outbox
 
     assert decode_outbox(pending[(SMALL_PATIENT, small_bundle.entries[1].entry_id)]) == results[1].transitions
+
+
+def test_erasing_a_patient_empties_both_projections(deps: Any, small_bundle: Any) -> None:
+    run_all(small_bundle.entries[:20], deps)
+    run_all([_order("o1", "2021-01-01", 1)], deps)
+    assert deps.states.erase_patient(SMALL_PATIENT) > 0
+    deps.vectors.erase_patient(SMALL_PATIENT)
+    assert deps.states.load(SMALL_PATIENT).version == 0
+    assert deps.states.pending_outboxes() and all(p == "dose-patient" for p, _, _ in deps.states.pending_outboxes())
+    assert deps.vectors.count(SMALL_PATIENT, Store.ACTIVE) + deps.vectors.count(SMALL_PATIENT, Store.HISTORY) == 0
+    assert deps.vectors.count("dose-patient", Store.ACTIVE) == 1
