@@ -50,6 +50,7 @@ class Settings(BaseSettings):
         description="'projection': exact cosine over the patient's vectors held by the worker (loaded from "
         "Milvus, kept in step with each write); 'milvus': a filtered Milvus search per entry",
     )
+    update_batch: int = Field(default=256, ge=1, description="Most entries the update agent applies per batch")
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
 

@@ -179,36 +179,88 @@ def decode_outbox(raw: bytes) -> list[TransitionEvent]:
 
 def update_stage(x: ImpactedEntry, deps: Deps) -> UpdateResult:
     """Decide and apply the transitions of one entry; idempotent under redelivery and replay."""
-    pid = x.entry.patient_id
+    return update_batch([x], deps)[0]
+
+
+def update_batch(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
+    """Apply entries in their order, each against the state its predecessors left.
+
+    Results are the same as applying them one by one; the writes are grouped: one Milvus upsert per
+    patient and one Redis transaction for the whole batch (versions checked for every patient in it).
+    On a version conflict the whole batch is recomputed from the stored state.
+    """
     for _attempt in range(deps.commit_retries):
-        current = deps.states.load(pid)
-        if x.memories and all(current.get(m.memory_id) for m in x.memories):
-            pending = deps.states.pending_outbox(pid, x.entry.entry_id)
-            return UpdateResult(decode_outbox(pending) if pending else [], current.version, duplicate=True)
-        redone = current.version != x.state_version
-        relations: Sequence[Relation] = x.relations
-        candidates = x.candidates
-        if redone:
-            relations = _link(x.entry, x.memories, current, deps)
-            candidates = _impact(x.memories, relations, current, deps)
         try:
-            result = _apply(x, relations, candidates, current, deps)
+            return _update_batch_once(items, deps)
         except ConcurrentUpdate:
             continue
-        result.redone = redone
-        return result
     raise ConcurrentUpdate(f"gave up after {deps.commit_retries} conflicting commits")
 
 
+@dataclass
+class _PatientWork:
+    base_version: int
+    state: PatientState
+    changed: dict[str, StoredMemory] = field(default_factory=dict)
+    rows: dict[str, VectorRow] = field(default_factory=dict)
+    outboxes: dict[str, bytes] = field(default_factory=dict)
+
+
+def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
+    work: dict[str, _PatientWork] = {}
+    results: list[UpdateResult] = []
+    for x in items:
+        pid = x.entry.patient_id
+        w = work.get(pid)
+        if w is None:
+            current = deps.states.load(pid)
+            w = work[pid] = _PatientWork(base_version=current.version, state=current.copy())
+        state = w.state
+        if x.memories and all(state.get(m.memory_id) for m in x.memories):
+            pending = None if x.entry.entry_id in w.outboxes else deps.states.pending_outbox(pid, x.entry.entry_id)
+            results.append(UpdateResult(decode_outbox(pending) if pending else [], state.version, duplicate=True))
+            continue
+        redone = state.version != x.state_version
+        relations: Sequence[Relation] = x.relations
+        candidates = x.candidates
+        if redone:
+            relations = _link(x.entry, x.memories, state, deps)
+            candidates = _impact(x.memories, relations, state, deps)
+        events, changed = _apply(x, relations, candidates, state, deps)
+        rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
+            changed, deps.embedder.embed([changed[mid].memory.embed_text or changed[mid].memory.text
+                                          for mid in changed]), strict=True)]
+        if deps.projection is not None:
+            deps.projection.advance(pid, state.version - 1, state.version, rows)
+        w.changed.update(changed)
+        w.rows.update((r.memory_id, r) for r in rows)
+        w.outboxes[x.entry.entry_id] = orjson.dumps([e.model_dump(mode="json") for e in events])
+        results.append(UpdateResult(events, state.version, redone=redone))
+
+    commits = [Commit(patient_id=pid, expected_version=w.base_version, state=w.state,
+                      changed=list(w.changed.values()), outboxes=w.outboxes)
+               for pid, w in work.items() if w.outboxes]
+    try:
+        for c in commits:
+            deps.vectors.place(c.patient_id, list(work[c.patient_id].rows.values()))
+        if commits:
+            deps.states.commit_many(commits)
+    except BaseException:
+        if deps.projection is not None:
+            for pid in work:
+                deps.projection.forget(pid)
+        raise
+    return results
+
+
 def _apply(x: ImpactedEntry, relations: Sequence[Relation],
-           candidates: dict[str, tuple[ImpactCandidate, ...]], current: PatientState,
-           deps: Deps) -> UpdateResult:
+           candidates: dict[str, tuple[ImpactCandidate, ...]], state: PatientState,
+           deps: Deps) -> tuple[list[TransitionEvent], dict[str, StoredMemory]]:
+    """Apply one entry to ``state`` in place (a working copy); its version advances by one."""
     entry = x.entry
     reasoner = deps.router.for_entry(entry)
-    base_version = current.version
-    state = current.copy()
     now = deps.clock()
-    new_version = base_version + 1
+    new_version = state.version + 1
 
     for m in x.memories:
         state.add(m, Store.ACTIVE)
@@ -231,6 +283,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             recorded_at=now, state_version=new_version, memory=memory,
         ))
 
+    new_ids = {m.memory_id for m in x.memories}
     for m in x.memories:
         cands = [Candidate(state.memories[c.memory_id], c) for c in candidates.get(m.memory_id, ())
                  if c.memory_id in state.memories]
@@ -249,8 +302,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
         emit(TransitionKind.ADDED, stored, None, m, memory=m)
         for a in decision.archive:
             target = state.get(a.memory_id)
-            if target is None or target.store is not Store.ACTIVE or a.memory_id in {
-                    mm.memory_id for mm in x.memories}:
+            if target is None or target.store is not Store.ACTIVE or a.memory_id in new_ids:
                 continue
             moved = state.archive(a.memory_id, reason=a.reason, successor_id=a.successor_id,
                                   evidence_id=m.memory_id, entry_id=entry.entry_id, at=now)
@@ -260,17 +312,8 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             target = state.get(d)
             if target is not None and target.store is Store.HISTORY:
                 emit(TransitionKind.DELETE_PROPOSED, target, Store.HISTORY, m)
-
-    rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
-        changed, deps.embedder.embed([changed[mid].memory.embed_text or changed[mid].memory.text
-                                      for mid in changed]), strict=True)]
-    deps.vectors.place(entry.patient_id, rows)
-    outbox = orjson.dumps([e.model_dump(mode="json") for e in events])
-    deps.states.commit(Commit(patient_id=entry.patient_id, expected_version=base_version, state=state,
-                              changed=list(changed.values()), entry_id=entry.entry_id, outbox=outbox))
-    if deps.projection is not None:
-        deps.projection.advance(entry.patient_id, base_version, new_version, rows)
-    return UpdateResult(events, new_version)
+    state.version = new_version
+    return events, changed
 
 
 def process_entry(entry: RecordEntry, deps: Deps) -> UpdateResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
 from typing import Any, TypeVar
 
@@ -41,30 +41,81 @@ MESSAGE_FAULTS: tuple[type[BaseException], ...] = (
 )
 
 
-async def run_stage(event: faust.EventT[Any], *, stage: str, model: type[In],
-                    fn: Callable[[In, Deps], Out], runtime: Runtime,
-                    on_result: Callable[[Out], Awaitable[None]]) -> None:
+def _parse(model: type[In], event: faust.EventT[Any]) -> In:
+    value = event.value
+    return model.model_validate_json(value if isinstance(value, bytes | str) else bytes(value))
+
+
+async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: type[In],
+                    fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
+                    on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]]) -> None:
+    """Validate each event, run the stage on the valid ones in order, hand each result on.
+
+    A batch that fails for a message's fault is re-run one message at a time, so only the faulty
+    message is dead-lettered. ``stam_stage_seconds`` records the batch time divided by its size.
+    """
+    parsed: list[tuple[faust.EventT[Any], In]] = []
+    for event in events:
+        try:
+            parsed.append((event, _parse(model, event)))
+        except MESSAGE_FAULTS as exc:
+            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            await runtime.dead_letter(event, stage, exc)
+    if not parsed:
+        return
+    try:
+        results = await _with_retry(stage, parsed[0][0], lambda: fn([p for _, p in parsed], runtime.deps))
+    except MESSAGE_FAULTS:
+        if len(parsed) == 1:
+            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            await runtime.dead_letter(parsed[0][0], stage, _last_fault(fn, parsed[0][1], runtime))
+            return
+        for event, _ in parsed:
+            await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result)
+        return
+    for (event, _), result in zip(parsed, results, strict=True):
+        await on_result(event, result)
+        MESSAGES.labels(stage=stage, outcome="ok").inc()
+
+
+def _last_fault(fn: Callable[[list[In], Deps], list[Out]], payload: In, runtime: Runtime) -> BaseException:
+    try:
+        fn([payload], runtime.deps)
+    except MESSAGE_FAULTS as exc:
+        return exc
+    return RuntimeError("stage failed once and then succeeded; dead-lettered to keep order")
+
+
+async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]]) -> list[Out]:
     delay = 0.5
     while True:
         started = perf_counter()
         try:
-            value = event.value
-            payload = model.model_validate_json(value if isinstance(value, bytes | str) else bytes(value))
-            result = fn(payload, runtime.deps)
-            STAGE_SECONDS.labels(stage=stage).observe(perf_counter() - started)
-            await on_result(result)
-            MESSAGES.labels(stage=stage, outcome="ok").inc()
-            return
+            results = call()
         except TRANSIENT as exc:
             log.warning("stage=%s transient failure %s; retrying in %.1fs (topic=%s partition=%s offset=%s)",
                         stage, type(exc).__name__, delay, event.message.topic, event.message.partition,
                         event.message.offset)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
-        except MESSAGE_FAULTS as exc:
-            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(event, stage, exc)
-            return
+            continue
+        per_entry = (perf_counter() - started) / max(len(results), 1)
+        hist = STAGE_SECONDS.labels(stage=stage)
+        for _ in results:
+            hist.observe(per_entry)
+        return results
+
+
+async def run_stage(event: faust.EventT[Any], *, stage: str, model: type[In],
+                    fn: Callable[[In, Deps], Out], runtime: Runtime,
+                    on_result: Callable[[Out], Awaitable[None]]) -> None:
+    """One message through a per-entry stage function (see :func:`run_batch`)."""
+
+    async def hand_on(_: faust.EventT[Any], out: Out) -> None:
+        await on_result(out)
+
+    await run_batch([event], stage=stage, model=model, fn=lambda ps, deps: [fn(p, deps) for p in ps],
+                    runtime=runtime, on_result=hand_on)
 
 
 async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> None:

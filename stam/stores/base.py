@@ -54,15 +54,15 @@ class VectorStore(ABC):
 
 @dataclass(frozen=True)
 class Commit:
-    """Everything one applied entry changes, written atomically with a version check."""
+    """What applied entries change for one patient, written atomically with a version check."""
 
     patient_id: str
     expected_version: int
     state: PatientState
+    """The new state; its ``version`` is the version to store."""
     changed: Sequence[StoredMemory]
-    entry_id: str
-    outbox: bytes
-    """Serialised transition events, kept until they are delivered (transactional outbox)."""
+    outboxes: dict[str, bytes]
+    """Serialised transition events per entry id, kept until delivered (transactional outbox)."""
 
 
 class StateStore(ABC):
@@ -75,8 +75,9 @@ class StateStore(ABC):
     def load(self, patient_id: str) -> PatientState: ...
 
     @abstractmethod
-    def commit(self, commit: Commit) -> None:
-        """Write iff the stored version still equals ``expected_version``; raise ConcurrentUpdate otherwise."""
+    def commit_many(self, commits: Sequence[Commit]) -> None:
+        """Write all or nothing, iff every patient's stored version still equals its ``expected_version``;
+        raise ConcurrentUpdate otherwise."""
 
     @abstractmethod
     def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None: ...

@@ -15,6 +15,7 @@ A warm per-process cache of :class:`PatientState` is checked against the version
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from threading import Lock
 
 import redis
@@ -62,36 +63,36 @@ class RedisStateStore(StateStore):
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
 
-    def commit(self, commit: Commit) -> None:
-        pid = commit.patient_id
-        ver_key = self._key(pid, "ver")
-        new_version = commit.expected_version + 1
-        commit.state.version = new_version
+    def commit_many(self, commits: Sequence[Commit]) -> None:
+        ver_keys = [self._key(c.patient_id, "ver") for c in commits]
         with self._r.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(ver_key)
-                current = pipe.get(ver_key)
-                if int(current or 0) != commit.expected_version:
-                    raise ConcurrentUpdate(
-                        f"state version moved from {commit.expected_version} to {int(current or 0)}"
-                    )
+                pipe.watch(*ver_keys)
+                stored = pipe.mget(ver_keys)
+                for c, current in zip(commits, stored, strict=True):
+                    if int(current or 0) != c.expected_version:
+                        raise ConcurrentUpdate(
+                            f"state version moved from {c.expected_version} to {int(current or 0)}")
                 pipe.multi()
-                pipe.set(ver_key, new_version)
-                pipe.set(self._key(pid, "graph"), commit.state.graph_snapshot())
-                if commit.changed:
-                    pipe.hset(self._key(pid, "mem"), mapping={
-                        s.memory.memory_id: s.model_dump_json() for s in commit.changed
-                    })
-                pipe.set(self._key(pid, f"outbox:{commit.entry_id}"), commit.outbox)
-                pipe.sadd(f"{self._prefix}:patients", pid)
+                for c in commits:
+                    pid = c.patient_id
+                    pipe.set(self._key(pid, "ver"), c.state.version)
+                    pipe.set(self._key(pid, "graph"), c.state.graph_snapshot())
+                    if c.changed:
+                        pipe.hset(self._key(pid, "mem"), mapping={
+                            s.memory.memory_id: s.model_dump_json() for s in c.changed})
+                    for entry_id, outbox in c.outboxes.items():
+                        pipe.set(self._key(pid, f"outbox:{entry_id}"), outbox)
+                    pipe.sadd(f"{self._prefix}:patients", pid)
                 pipe.execute()
-            except redis.WatchError as exc:
-                self._forget(pid)
+            except (redis.WatchError, ConcurrentUpdate) as exc:
+                for c in commits:
+                    self._forget(c.patient_id)
+                if isinstance(exc, ConcurrentUpdate):
+                    raise
                 raise ConcurrentUpdate("state changed during commit") from exc
-            except ConcurrentUpdate:
-                self._forget(pid)
-                raise
-        self._remember(commit.state)
+        for c in commits:
+            self._remember(c.state)
 
     def _forget(self, patient_id: str) -> None:
         with self._lock:
