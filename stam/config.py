@@ -37,6 +37,9 @@ class Settings(BaseSettings):
     web_port: int = Field(default=6066, ge=0, le=65535, description="Faust web/metrics port")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="prometheus-client port; 0: off")
 
+    session_timeout_s: float = Field(
+        default=10.0, gt=0, description="Kafka consumer session and rebalance timeout of the workers")
+
     embedding_model: str = Field(
         default="all-MiniLM-L6-v2",
         description="sentence-transformers model name or local path; the packaged MiniLM is found offline",
@@ -51,6 +54,7 @@ class Settings(BaseSettings):
         "Milvus, kept in step with each write); 'milvus': a filtered Milvus search per entry",
     )
     update_batch: int = Field(default=256, ge=1, description="Most entries the update agent applies per batch")
+    stage_batch: int = Field(default=256, ge=1, description="Most messages extract/link/impact take per batch")
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
 

@@ -10,8 +10,11 @@ import os
 from collections import OrderedDict
 from collections.abc import Sequence
 from threading import Lock
+from typing import Protocol
 
 import numpy as np
+
+from stam.ids import digest
 
 MINILM = "all-MiniLM-L6-v2"
 
@@ -27,8 +30,18 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+class SharedVectorCache(Protocol):
+    """A cache shared by workers and restarts (Redis in production). Only for texts that are not
+    patient data (coded concept descriptions), so erasing a patient never has to reach it."""
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]: ...
+
+    def set_many(self, items: dict[str, bytes]) -> None: ...
+
+
 class Embedder:
-    def __init__(self, model: str = MINILM, *, cache_size: int = 50_000, device: str = "cpu") -> None:
+    def __init__(self, model: str = MINILM, *, cache_size: int = 50_000, device: str = "cpu",
+                 shared: SharedVectorCache | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         from sentence_transformers import SentenceTransformer
@@ -44,6 +57,28 @@ class Embedder:
         self._lock = Lock()
         self.hits = 0
         self.misses = 0
+        self.shared = shared
+        self.shared_hits = 0
+        self._key_prefix = "emb:" + digest(model, size=6) + ":"
+
+    def embed_concepts(self, texts: Sequence[str]) -> np.ndarray:
+        """Like :meth:`embed`, also consulting and filling the shared cache (concept texts only)."""
+        if self.shared is not None:
+            with self._lock:
+                unknown = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            if unknown:
+                found = self.shared.get_many([self._key_prefix + digest(t) for t in unknown])
+                with self._lock:
+                    for t, raw in zip(unknown, found, strict=True):
+                        if raw is not None and len(raw) == self.dim * 4:
+                            self._cache[t] = np.frombuffer(raw, dtype=np.float32).copy()
+                            self.shared_hits += 1
+                fresh = [t for t, raw in zip(unknown, found, strict=True) if raw is None]
+                if fresh:
+                    vecs = self.embed(fresh)
+                    self.shared.set_many({self._key_prefix + digest(t): v.tobytes()
+                                          for t, v in zip(fresh, vecs, strict=True)})
+        return self.embed(texts)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-normalised float32 vectors, one row per text."""

@@ -64,8 +64,19 @@ class UpdateResult:
     redone: bool = False
 
 
-def _embed_texts(memories: Sequence[AtomicMemory]) -> list[str]:
-    return [m.embed_text or m.text for m in memories]
+def _vectors(memories: Sequence[AtomicMemory], deps: Deps) -> np.ndarray:
+    """Embeddings of memories: coded concepts through the shared concept cache, free text locally only
+    (patient text never enters a cache shared across patients)."""
+    if not memories:
+        return np.zeros((0, deps.embedder.dim), dtype=np.float32)
+    concept = [i for i, m in enumerate(memories) if m.concept is not None and m.embed_text]
+    other = [i for i in range(len(memories)) if i not in set(concept)]
+    out = np.zeros((len(memories), deps.embedder.dim), dtype=np.float32)
+    if concept:
+        out[concept] = deps.embedder.embed_concepts([memories[i].embed_text or "" for i in concept])
+    if other:
+        out[other] = deps.embedder.embed([memories[i].text for i in other])
+    return out
 
 
 # --- extract ---------------------------------------------------------------------------------------
@@ -83,6 +94,16 @@ def extract_stage(entry: RecordEntry, deps: Deps) -> ExtractedEntry:
 
 def _link(entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState, deps: Deps) -> list[Relation]:
     return deps.router.for_entry(entry).link(entry, memories, state)
+
+
+def extract_batch(entries: Sequence[RecordEntry], deps: Deps) -> list[ExtractedEntry]:
+    return [extract_stage(e, deps) for e in entries]
+
+
+def link_batch(items: Sequence[ExtractedEntry], deps: Deps) -> list[LinkedEntry]:
+    """:func:`link_stage` for each item, reading every patient's state version in one round trip."""
+    with deps.states.pinned_versions({x.entry.patient_id for x in items}):
+        return [link_stage(x, deps) for x in items]
 
 
 def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
@@ -116,7 +137,7 @@ def _semantic(memories: Sequence[AtomicMemory], vectors: np.ndarray, state: Pati
 def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], state: PatientState,
             deps: Deps) -> dict[str, tuple[ImpactCandidate, ...]]:
     """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, and one graph hop, per new memory."""
-    vectors = deps.embedder.embed(_embed_texts(memories))
+    vectors = _vectors(memories, deps)
     semantic = _semantic(memories, vectors, state, deps)
     new_ids = {m.memory_id for m in memories}
     out: dict[str, tuple[ImpactCandidate, ...]] = {}
@@ -151,13 +172,22 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             for nb, rtype, w in state.neighbours(linked):
                 note(nb, Channel.GRAPH, min(r.weight, w),
                      Relation(source_id=linked, target_id=nb, type=rtype, weight=min(r.weight, w)))
+        # model_construct: these values are built here from typed state, validation would only cost time.
         out[m.memory_id] = tuple(
-            ImpactCandidate(memory_id=mid, store=state.memories[mid].store,
+            ImpactCandidate.model_construct(memory_id=mid, store=state.memories[mid].store,
                             channels=tuple(sorted(chans)), score=round(score, 6),
                             relation=rel.type if rel else None)
             for mid, (chans, score, rel) in sorted(found.items(), key=lambda kv: -kv[1][1])
         )
     return out
+
+
+def impact_batch(items: Sequence[LinkedEntry], deps: Deps) -> list[ImpactedEntry]:
+    """:func:`impact_stage` for each item; the batch's new texts are embedded in one model call and
+    every patient's state version is read in one round trip."""
+    _vectors([m for x in items for m in x.memories], deps)
+    with deps.states.pinned_versions({x.entry.patient_id for x in items}):
+        return [impact_stage(x, deps) for x in items]
 
 
 def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
@@ -191,7 +221,8 @@ def update_batch(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResul
     """
     for _attempt in range(deps.commit_retries):
         try:
-            return _update_batch_once(items, deps)
+            with deps.states.pinned_versions({x.entry.patient_id for x in items}):
+                return _update_batch_once(items, deps)
         except ConcurrentUpdate:
             continue
     raise ConcurrentUpdate(f"gave up after {deps.commit_retries} conflicting commits")
@@ -228,8 +259,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             candidates = _impact(x.memories, relations, state, deps)
         events, changed = _apply(x, relations, candidates, state, deps)
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
-            changed, deps.embedder.embed([changed[mid].memory.embed_text or changed[mid].memory.text
-                                          for mid in changed]), strict=True)]
+            changed, _vectors([c.memory for c in changed.values()], deps), strict=True)]
         if deps.projection is not None:
             deps.projection.advance(pid, state.version - 1, state.version, rows)
         w.changed.update(changed)

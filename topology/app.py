@@ -43,6 +43,11 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> tuple[faust.
         web_host="127.0.0.1",
         producer_linger_ms=5,
         broker_commit_every=200,
+        # Tansu (and Kafka) hold a new group's join for the rebalance timeout when a previous member
+        # may return; shorter timeouts make a restarted worker resume sooner.
+        broker_session_timeout=settings.session_timeout_s,
+        broker_rebalance_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         broker_commit_interval=1.0,
     )
     topics = Topics(*(_topic(app, spec, settings) for spec in t.ALL))

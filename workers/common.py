@@ -120,3 +120,16 @@ async def run_stage(event: faust.EventT[Any], *, stage: str, model: type[In],
 
 async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> None:
     await topic.send(key=key, value=payload.model_dump_json().encode())
+
+
+async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type[In],
+                          fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
+                          dest: faust.TopicT) -> None:
+    """Consume in batches of whatever is waiting (at most ``stage_batch``, 20 ms apart), run the batch
+    stage function, send each result on keyed as it came (the patient id)."""
+
+    async def hand_on(event: faust.EventT[Any], out: Any) -> None:
+        await send(dest, event.message.key, out)
+
+    async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):
+        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on)

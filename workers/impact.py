@@ -6,9 +6,9 @@ from typing import Any
 
 import faust
 
-from schemas import ImpactedEntry, LinkedEntry
-from stam.stages import impact_stage
-from workers.common import run_stage, send
+from schemas import LinkedEntry
+from stam.stages import impact_batch
+from workers.common import forward_batches
 from workers.runtime import Runtime
 
 
@@ -17,11 +17,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
 
     @app.agent(topics.linked, name="stam.impact")
     async def impact(stream: faust.StreamT[Any]) -> None:
-        async for event in stream.events():
-            async def forward(out: ImpactedEntry, key: bytes | None = event.message.key) -> None:
-                await send(topics.impacted, key, out)
-
-            await run_stage(event, stage="impact", model=LinkedEntry, fn=impact_stage,
-                            runtime=runtime, on_result=forward)
+        await forward_batches(stream, stage="impact", model=LinkedEntry, fn=impact_batch, runtime=runtime,
+                              dest=topics.impacted)
 
     return impact

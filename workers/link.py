@@ -6,9 +6,9 @@ from typing import Any
 
 import faust
 
-from schemas import ExtractedEntry, LinkedEntry
-from stam.stages import link_stage
-from workers.common import run_stage, send
+from schemas import ExtractedEntry
+from stam.stages import link_batch
+from workers.common import forward_batches
 from workers.runtime import Runtime
 
 
@@ -17,11 +17,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
 
     @app.agent(topics.extracted, name="stam.link")
     async def link(stream: faust.StreamT[Any]) -> None:
-        async for event in stream.events():
-            async def forward(out: LinkedEntry, key: bytes | None = event.message.key) -> None:
-                await send(topics.linked, key, out)
-
-            await run_stage(event, stage="link", model=ExtractedEntry, fn=link_stage,
-                            runtime=runtime, on_result=forward)
+        await forward_batches(stream, stage="link", model=ExtractedEntry, fn=link_batch, runtime=runtime,
+                              dest=topics.linked)
 
     return link

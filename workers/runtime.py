@@ -20,6 +20,7 @@ from stam.reasoning.coded import CodedReasoner
 from stam.stages import Deps
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
+from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
 from topology.app import Topics
 
@@ -36,11 +37,13 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 
 def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
-    embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size)
     settings.home.mkdir(parents=True, exist_ok=True)
+    client = redis_client(settings)
+    embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
+                                    shared=RedisVectorCache(client, prefix=settings.collection_prefix))
     vectors = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
                                 prefix=settings.collection_prefix, token=settings.milvus_token)
-    states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix,
+    states = RedisStateStore(client, prefix=settings.collection_prefix,
                              cache_size=settings.state_cache_patients)
     projection = (VectorProjection(vectors, max_patients=settings.state_cache_patients)
                   if settings.impact_search == "projection" else None)

