@@ -70,9 +70,9 @@ def cmd_stack(args: argparse.Namespace) -> int:
     elif args.action == "down":
         print("stopped" if stack.down(home) else "no stack running")
     else:
-        info = stack.read_stack(home)
-        print(json.dumps(info.__dict__, indent=2) if info else "no stack running")
-        return 0 if info else 1
+        running = stack.read_stack(home)
+        print(json.dumps(running.__dict__, indent=2) if running else "no stack running")
+        return 0 if running else 1
     return 0
 
 

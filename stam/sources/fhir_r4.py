@@ -237,7 +237,9 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
             status = _status_code(r.get("verificationStatus"))
     elif rtype == "CarePlan":
-        codes = _first_codings(r.get("category")[1:] if len(r.get("category", [])) > 1 else r.get("category"))
+        # Synthea puts the generic "assess-plan" category first; the specific plan code follows it.
+        categories = r.get("category") or []
+        codes = _first_codings(categories[1:] if len(categories) > 1 else categories)
         period = r.get("period") or {}
         start, end = parse_time(period.get("start")), parse_time(period.get("end"))
         add_refs("addresses", r.get("addresses"))

@@ -10,6 +10,12 @@ from collections.abc import Sequence
 import redis
 
 
+def as_bytes(value: bytes | str | None) -> bytes | None:
+    if value is None:
+        return None
+    return value if isinstance(value, bytes) else value.encode()
+
+
 class RedisVectorCache:
     def __init__(self, client: redis.Redis, *, prefix: str = "stam") -> None:
         self._r = client
@@ -18,8 +24,7 @@ class RedisVectorCache:
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
-        return [bytes(v) if v is not None else None
-                for v in self._r.mget([f"{self._prefix}:{k}" for k in keys])]
+        return [as_bytes(v) for v in self._r.mget([f"{self._prefix}:{k}" for k in keys])]
 
     def set_many(self, items: dict[str, bytes]) -> None:
         if items:

@@ -24,6 +24,7 @@ import redis
 from stam.errors import ConcurrentUpdate
 from stam.state import PatientState
 from stam.stores.base import Commit, StateStore
+from stam.stores.redis_cache import as_bytes
 
 
 class RedisStateStore(StateStore):
@@ -82,7 +83,7 @@ class RedisStateStore(StateStore):
         ver_keys = [self._key(c.patient_id, "ver") for c in commits]
         with self._r.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(*ver_keys)
+                pipe.watch(*ver_keys)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
                 stored = pipe.mget(ver_keys)
                 for c, current in zip(commits, stored, strict=True):
                     if int(current or 0) != c.expected_version:
@@ -114,8 +115,7 @@ class RedisStateStore(StateStore):
             self._cache.pop(patient_id, None)
 
     def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None:
-        raw = self._r.get(self._key(patient_id, f"outbox:{entry_id}"))
-        return bytes(raw) if raw is not None else None
+        return as_bytes(self._r.get(self._key(patient_id, f"outbox:{entry_id}")))
 
     def pending_outboxes(self) -> list[tuple[str, str, bytes]]:
         found = []
@@ -123,9 +123,9 @@ class RedisStateStore(StateStore):
             name = key.decode() if isinstance(key, bytes) else key
             head, entry_id = name.split(":outbox:", 1)
             patient_id = head[len(self._prefix) + 2:-1]  # strip "<prefix>:{" and "}"
-            raw = self._r.get(key)
+            raw = as_bytes(self._r.get(key))
             if raw is not None:
-                found.append((patient_id, entry_id, bytes(raw)))
+                found.append((patient_id, entry_id, raw))
         return found
 
     def clear_outbox(self, patient_id: str, entry_id: str) -> None:

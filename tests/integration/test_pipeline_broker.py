@@ -7,6 +7,8 @@ import asyncio
 import base64
 import json
 import os
+import socket
+import urllib.request
 import subprocess
 import sys
 import time
@@ -29,11 +31,16 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def worker(stack_settings: Any) -> Any:
     s = stack_settings
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        metrics_port = sock.getsockname()[1]
     env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
-               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0")
+               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0",
+               STAM_METRICS_PORT=str(metrics_port))
     log = open(s.home / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "info"],
                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
     yield proc
     proc.terminate()
     try:
@@ -110,3 +117,12 @@ def test_bundle_through_broker(stack_settings: Any, worker: Any, small_bundle: A
     after = states.load(SMALL_PATIENT)
     assert after.version == state.version + 1
     assert len(after.memories) == len(state.memories) + 1
+
+
+def test_no_patient_identifier_in_metrics_or_info_logs(stack_settings: Any, worker: Any, small_bundle: Any) -> None:
+    """Runs after the pipeline test in this module: the worker has processed a real patient."""
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{worker.metrics_port}/metrics", timeout=5).read().decode()
+    assert 'stam_transitions_total{kind="archived",reason="superseded"}' in metrics
+    assert SMALL_PATIENT not in metrics
+    log = (stack_settings.home / "worker.log").read_text(errors="replace")
+    assert "INFO" in log and SMALL_PATIENT not in log
