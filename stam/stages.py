@@ -314,6 +314,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
         ))
 
     new_ids = {m.memory_id for m in x.memories}
+    proposed: set[str] = set()
     for m in x.memories:
         cands = [Candidate(state.memories[c.memory_id], c) for c in candidates.get(m.memory_id, ())
                  if c.memory_id in state.memories]
@@ -340,7 +341,8 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             emit(TransitionKind.ARCHIVED, moved, Store.ACTIVE, m)
         for d in decision.delete_proposals:
             target = state.get(d)
-            if target is not None and target.store is Store.HISTORY:
+            if target is not None and target.store is Store.HISTORY and d not in proposed:
+                proposed.add(d)  # one proposal per memory and entry: transition ids stay unique
                 emit(TransitionKind.DELETE_PROPOSED, target, Store.HISTORY, m)
     state.version = new_version
     return events, changed

