@@ -27,6 +27,11 @@ class LinkedEntry(WireModel):
     memories: tuple[AtomicMemory, ...]
     relations: tuple[Relation, ...]
     state_version: int = Field(ge=0)
+    deferred: bool = Field(
+        default=False,
+        description="An earlier entry of this patient was still in flight, so work done now would be stale "
+        "when applied: linking and impact retrieval are left to the update stage",
+    )
 
 
 class Channel(StrEnum):
@@ -55,6 +60,7 @@ class ImpactedEntry(WireModel):
     relations: tuple[Relation, ...]
     candidates: dict[str, tuple[ImpactCandidate, ...]]
     state_version: int = Field(ge=0)
+    deferred: bool = Field(default=False, description="See LinkedEntry.deferred")
 
 
 class Archive(WireModel):

@@ -44,6 +44,27 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class InFlight:
+    """Per patient, the state version at which this worker last forwarded an entry from the link stage.
+
+    Every applied entry advances the version by one. If the link stage sees a patient at the same version
+    it last forwarded one at, that entry has not been applied yet, so anything computed now is certain to
+    be stale when this entry reaches the update stage: the link stage defers the work instead of doing it
+    twice. A patient not tracked here (a restart, a rebalance, eviction) simply gets the work done now.
+    """
+
+    def __init__(self, max_patients: int = 100_000) -> None:
+        self._seen: dict[str, int] = {}
+        self._max = max_patients
+
+    def defer(self, patient_id: str, version: int) -> bool:
+        stale = self._seen.get(patient_id) == version
+        if len(self._seen) >= self._max and patient_id not in self._seen:
+            self._seen.clear()
+        self._seen[patient_id] = version
+        return stale
+
+
 @dataclass
 class Deps:
     router: Router
@@ -54,6 +75,7 @@ class Deps:
     impact_budget: int = 48
     commit_retries: int = 5
     clock: Callable[[], datetime] = field(default=_utcnow)
+    inflight: InFlight = field(default_factory=InFlight)
 
 
 @dataclass
@@ -109,6 +131,9 @@ def link_batch(items: Sequence[ExtractedEntry], deps: Deps) -> list[LinkedEntry]
 def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
     """Typed relations from the new memories to the patient's ACTIVE memories."""
     state = deps.states.load(x.entry.patient_id)
+    if deps.inflight.defer(x.entry.patient_id, state.version):
+        return LinkedEntry(entry=x.entry, memories=x.memories, relations=(), state_version=state.version,
+                           deferred=True)
     relations = _link(x.entry, x.memories, state, deps)
     return LinkedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
                        state_version=state.version)
@@ -192,6 +217,9 @@ def impact_batch(items: Sequence[LinkedEntry], deps: Deps) -> list[ImpactedEntry
 
 def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
     """Prior memories (both stores) whose validity the new memories may affect."""
+    if x.deferred:
+        return ImpactedEntry(entry=x.entry, memories=x.memories, relations=(), candidates={},
+                             state_version=x.state_version, deferred=True)
     state = deps.states.load(x.entry.patient_id)
     relations: Sequence[Relation] = x.relations
     if state.version != x.state_version:
@@ -251,7 +279,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             pending = None if x.entry.entry_id in w.outboxes else deps.states.pending_outbox(pid, x.entry.entry_id)
             results.append(UpdateResult(decode_outbox(pending) if pending else [], state.version, duplicate=True))
             continue
-        redone = state.version != x.state_version
+        redone = x.deferred or state.version != x.state_version
         relations: Sequence[Relation] = x.relations
         candidates = x.candidates
         if redone:
