@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import orjson
@@ -21,11 +23,11 @@ from schemas import (
     AtomicMemory,
     Channel,
     ExtractedEntry,
-    ImpactCandidate,
     ImpactedEntry,
     LinkedEntry,
     RecordEntry,
     Relation,
+    RelationType,
     Store,
     StoredMemory,
     TransitionEvent,
@@ -34,7 +36,7 @@ from schemas import (
 from stam.embedding import Embedder
 from stam.errors import ConcurrentUpdate, ReasoningError
 from stam.ids import transition_id
-from stam.reasoning.base import Candidate, Router
+from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
 from stam.stores.projection import VectorProjection
@@ -159,25 +161,35 @@ def _semantic(memories: Sequence[AtomicMemory], vectors: np.ndarray, state: Pati
     return merged
 
 
+@lru_cache(maxsize=16)
+def _channels(chans: frozenset[Channel]) -> tuple[Channel, ...]:
+    return tuple(sorted(chans))  # sorting enums is slow; there are only 7 combinations
+
+
 def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], state: PatientState,
-            deps: Deps) -> dict[str, tuple[ImpactCandidate, ...]]:
+            deps: Deps) -> dict[str, list[Impact]]:
     """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, and one graph hop, per new memory."""
     vectors = _vectors(memories, deps)
     semantic = _semantic(memories, vectors, state, deps)
+    known = state.memories
     new_ids = {m.memory_id for m in memories}
-    out: dict[str, tuple[ImpactCandidate, ...]] = {}
+    out: dict[str, list[Impact]] = {}
     for m, hits in zip(memories, semantic, strict=True):
-        found: dict[str, tuple[set[Channel], float, Relation | None]] = {}
+        # memory id -> [channels, best score, strongest graph relation (weight, type)]
+        found: dict[str, list[Any]] = {}
 
-        def note(mid: str, channel: Channel, score: float, rel: Relation | None = None,
-                 found: dict[str, tuple[set[Channel], float, Relation | None]] = found) -> None:
-            if mid in new_ids or state.get(mid) is None:
+        def note(mid: str, channel: Channel, score: float, rel: tuple[float, RelationType] | None = None,
+                 found: dict[str, list[Any]] = found) -> None:
+            if mid in new_ids or mid not in known:
                 return
-            chans, best, brel = found.get(mid, (set(), float("-inf"), None))
-            chans.add(channel)
-            if channel is Channel.GRAPH and (brel is None or (rel and rel.weight > brel.weight)):
-                brel = rel
-            found[mid] = (chans, max(best, score), brel)
+            slot = found.get(mid)
+            if slot is None:
+                found[mid] = [{channel}, score, rel]
+                return
+            slot[0].add(channel)
+            slot[1] = max(slot[1], score)
+            if rel is not None and (slot[2] is None or rel[0] > slot[2][0]):
+                slot[2] = rel
 
         for h in hits:
             note(h.memory_id, Channel.SEMANTIC, h.score)
@@ -193,17 +205,15 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             if m.memory_id not in (r.source_id, r.target_id):
                 continue
             linked = r.target_id if r.source_id == m.memory_id else r.source_id
-            note(linked, Channel.GRAPH, r.weight, r)
+            note(linked, Channel.GRAPH, r.weight, (r.weight, r.type))
             for nb, rtype, w in state.neighbours(linked):
-                note(nb, Channel.GRAPH, min(r.weight, w),
-                     Relation(source_id=linked, target_id=nb, type=rtype, weight=min(r.weight, w)))
-        # model_construct: these values are built here from typed state, validation would only cost time.
-        out[m.memory_id] = tuple(
-            ImpactCandidate.model_construct(memory_id=mid, store=state.memories[mid].store,
-                            channels=tuple(sorted(chans)), score=round(score, 6),
-                            relation=rel.type if rel else None)
-            for mid, (chans, score, rel) in sorted(found.items(), key=lambda kv: -kv[1][1])
-        )
+                score = min(r.weight, w)
+                note(nb, Channel.GRAPH, score, (score, rtype))
+        ranked = sorted(found.items(), key=lambda kv: -kv[1][1])
+        out[m.memory_id] = [
+            Impact(mid, known[mid].store, _channels(frozenset(chans)), round(score, 6), rel[1] if rel else None)
+            for mid, (chans, score, rel) in ranked
+        ]
     return out
 
 
@@ -224,8 +234,9 @@ def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
     relations: Sequence[Relation] = x.relations
     if state.version != x.state_version:
         relations = _link(x.entry, x.memories, state, deps)
+    candidates = _impact(x.memories, relations, state, deps)
     return ImpactedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
-                         candidates=_impact(x.memories, relations, state, deps),
+                         candidates={k: tuple(c.to_wire() for c in v) for k, v in candidates.items()},
                          state_version=state.version)
 
 
@@ -281,7 +292,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             continue
         redone = x.deferred or state.version != x.state_version
         relations: Sequence[Relation] = x.relations
-        candidates = x.candidates
+        candidates = {k: [Impact.from_wire(c) for c in v] for k, v in x.candidates.items()}
         if redone:
             relations = _link(x.entry, x.memories, state, deps)
             candidates = _impact(x.memories, relations, state, deps)
@@ -312,7 +323,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
 
 
 def _apply(x: ImpactedEntry, relations: Sequence[Relation],
-           candidates: dict[str, tuple[ImpactCandidate, ...]], state: PatientState,
+           candidates: dict[str, list[Impact]], state: PatientState,
            deps: Deps) -> tuple[list[TransitionEvent], dict[str, StoredMemory]]:
     """Apply one entry to ``state`` in place (a working copy); its version advances by one."""
     entry = x.entry

@@ -9,10 +9,40 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
-from schemas import AtomicMemory, ImpactCandidate, RecordEntry, Relation, StoredMemory, UpdateDecision
+from schemas import (
+    AtomicMemory,
+    Channel,
+    ImpactCandidate,
+    RecordEntry,
+    Relation,
+    RelationType,
+    Store,
+    StoredMemory,
+    UpdateDecision,
+)
 from stam.state import PatientState
+
+
+class Impact(NamedTuple):
+    """An impact candidate inside a worker (the wire form is ``schemas.ImpactCandidate``)."""
+
+    memory_id: str
+    store: Store
+    channels: tuple[Channel, ...]
+    score: float
+    relation: RelationType | None
+
+    @classmethod
+    def from_wire(cls, c: ImpactCandidate) -> Impact:
+        return cls(c.memory_id, c.store, c.channels, c.score, c.relation)
+
+    def to_wire(self) -> ImpactCandidate:
+        # model_construct: built here from typed state; validating again would only cost time.
+        return ImpactCandidate.model_construct(memory_id=self.memory_id, store=self.store,
+                                               channels=self.channels, score=self.score,
+                                               relation=self.relation)
 
 
 @dataclass(frozen=True)
@@ -20,7 +50,7 @@ class Candidate:
     """An impact candidate with the memory it points at."""
 
     stored: StoredMemory
-    impact: ImpactCandidate
+    impact: Impact
 
 
 @runtime_checkable
