@@ -24,7 +24,9 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
     @app.task
     async def _warm() -> None:
         # Load the embedding model and open the stores before the first message arrives.
-        _ = runtime.deps
+        # The model's first forward passes are several times slower than later ones (kernel set-up):
+        # pay that before the first message, not inside it.
+        runtime.deps.embedder.embed(["warm-up sentence for the embedding model"] * 8)
         log.info("write-path worker ready (stores and embedding model loaded)")
 
     @app.timer(interval=5.0)
