@@ -106,18 +106,6 @@ async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], l
         return results
 
 
-async def run_stage(event: faust.EventT[Any], *, stage: str, model: type[In],
-                    fn: Callable[[In, Deps], Out], runtime: Runtime,
-                    on_result: Callable[[Out], Awaitable[None]]) -> None:
-    """One message through a per-entry stage function (see :func:`run_batch`)."""
-
-    async def hand_on(_: faust.EventT[Any], out: Out) -> None:
-        await on_result(out)
-
-    await run_batch([event], stage=stage, model=model, fn=lambda ps, deps: [fn(p, deps) for p in ps],
-                    runtime=runtime, on_result=hand_on)
-
-
 async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> None:
     await topic.send(key=key, value=payload.model_dump_json().encode())
 
