@@ -252,3 +252,22 @@ def test_delete_proposal_is_recorded_and_not_executed(deps: Any, small_bundle: A
     assert [(t.memory_id, t.from_store, t.to_store) for t in proposals] == [(archived, Store.HISTORY, None)]
     assert deps.states.load(SMALL_PATIENT).get(archived).store is Store.HISTORY
     assert deps.vectors.count(SMALL_PATIENT, Store.HISTORY) == deps.states.load(SMALL_PATIENT).counts()["history"]
+
+
+def test_coded_links_from_references_on_real_data(deps: Any) -> None:
+    """Bundle 9febe999-...: MedicationRequest Hydrochlorothiazide 25 MG has reasonReference -> Condition
+    Hypertension (active); observations recorded in encounters whose reason is a condition monitor it."""
+    from tests.conftest import BUNDLES, need_data
+
+    need_data()
+    from stam.sources.fhir_r4 import load_bundle
+
+    bundle = load_bundle(BUNDLES / "9febe999-48f2-4902-b65a-238c3b65341a.json")
+    run_all(bundle.entries, deps)
+    state = deps.states.load(bundle.patient_id)
+    text = {mid: s.memory.text for mid, s in state.memories.items()}
+    treats = {(text[r.source_id].split(";")[0], text[r.target_id].split(";")[0])
+              for r in state.relations() if r.type.value == "treatment_for"}
+    assert ("Medication: Hydrochlorothiazide 25 MG", "Condition: Hypertension") in treats
+    assert all(r.directed for r in state.relations() if r.type.value in ("treatment_for", "monitoring_for"))
+    assert any(r.type.value == "monitoring_for" for r in state.relations())
