@@ -29,6 +29,7 @@ lint: setup
 
 bench: setup
 	$(BIN)/python -m benchmarks.write_path
+	$(BIN)/python -m benchmarks.faust_floor
 
 clean:
 	rm -rf .stam

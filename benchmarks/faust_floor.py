@@ -1,0 +1,112 @@
+"""The floor under the write path: the same four Faust hops on the embedded broker, doing nothing.
+
+Four agents forward each message (entries -> a -> b -> c -> out) with the worker's batching settings, and
+the last hop also produces ``--fanout`` messages per entry (the write path produces ~1.8 transitions per
+entry). Prints JSON: messages/s end to end. What the real worker reaches cannot exceed this.
+
+Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+PREFIX = "floor"
+HOPS = ["entries", "a", "b", "c", "out"]
+
+
+def worker_main(broker: str, fanout: int) -> None:
+    import faust
+
+    app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
+                    consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=5,
+                    broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3)
+    topics = [app.topic(f"{PREFIX}.{h}", key_type=bytes, value_type=bytes, key_serializer="raw",
+                        value_serializer="raw", partitions=8) for h in HOPS]
+
+    def hop(src: Any, dst: Any, copies: int) -> None:
+        @app.agent(src, name=f"floor.{src.get_topic_name()}")
+        async def forward(stream: Any) -> None:
+            async for events in stream.take_events(256, within=0.02):
+                for ev in events:
+                    for _ in range(copies):
+                        await dst.send(key=ev.message.key, value=ev.value)
+
+    for i in range(3):
+        hop(topics[i], topics[i + 1], 1)
+    hop(topics[3], topics[4], fanout)
+    sys.argv = [sys.argv[0], "worker", "-l", "warning"]
+    faust.Worker(app, loglevel="warning").execute_from_commandline()
+
+
+async def drive(bootstrap: str, n: int, fanout: int, payload: bytes) -> dict[str, Any]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+    consumer = AIOKafkaConsumer(f"{PREFIX}.out", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                                group_id=None)
+    await producer.start()
+    await consumer.start()
+    try:
+        async def run(count: int, tag: str) -> float:
+            started = time.monotonic()
+            futs = [await producer.send(f"{PREFIX}.entries", key=f"p{i % 50}".encode(), value=payload)
+                    for i in range(count)]
+            await asyncio.gather(*futs)
+            want, got = count * fanout, 0
+            while got < want and time.monotonic() - started < 600:
+                batch = await consumer.getmany(timeout_ms=500)
+                got += sum(len(v) for v in batch.values())
+            return time.monotonic() - started
+
+        await run(1, "warm")
+        elapsed = await run(n, "measure")
+        return {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1)}
+    finally:
+        await consumer.stop()
+        await producer.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--fanout", type=int, default=2)
+    parser.add_argument("--payload-bytes", type=int, default=3000,
+                        help="size of each message (an ImpactedEntry of a coded entry is ~1-6 kB)")
+    parser.add_argument("--worker", nargs=2, metavar=("BROKER", "FANOUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker[0], int(args.worker[1]))
+        return
+    from stam import stack
+
+    with tempfile.TemporaryDirectory(prefix="stam-floor-") as tmp:
+        home = Path(tmp)
+        info = stack.up(home)
+        log = open(home / "worker.log", "wb")  # noqa: SIM115
+        worker = subprocess.Popen([sys.executable, "-m", "benchmarks.faust_floor", "--worker", info.broker_url,
+                                   str(args.fanout)], cwd=Path(__file__).resolve().parents[1],
+                                  env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            bootstrap = info.broker_url.split("://", 1)[1]
+            result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes))
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+            log.close()
+            stack.down(home)
+    print(json.dumps({"benchmark": "faust_floor", "hops": 4, "fanout": args.fanout,
+                      "payload_bytes": args.payload_bytes, **result}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
