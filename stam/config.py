@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     )
     update_batch: int = Field(default=256, ge=1, description="Most entries the update agent applies per batch")
     stage_batch: int = Field(default=256, ge=1, description="Most messages extract/link/impact take per batch")
+    projection_max_vectors: int = Field(
+        default=250_000, ge=1, description="Vectors the impact projection keeps warm (384-d: ~1.5 kB each)")
+    milvus_flush_s: float = Field(
+        default=5.0, ge=0, description="Seal Milvus segments this often (Milvus Lite searches unsealed "
+        "segments slowly); 0 turns it off, as a Milvus server seals by itself")
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
 

@@ -29,10 +29,11 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
         runtime.deps.embedder.embed(["warm-up sentence for the embedding model"] * 8)
         log.info("write-path worker ready (stores and embedding model loaded)")
 
-    @app.timer(interval=5.0)
-    async def _seal_segments() -> None:
-        # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast.
-        runtime.deps.vectors.flush()
+    if settings.milvus_flush_s > 0:
+        @app.timer(interval=settings.milvus_flush_s)
+        async def _seal_segments() -> None:
+            # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast.
+            runtime.deps.vectors.flush()
 
     return app, runtime
 

@@ -46,7 +46,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
                                 prefix=settings.collection_prefix, token=settings.milvus_token)
     states = RedisStateStore(client, prefix=settings.collection_prefix,
                              cache_size=settings.state_cache_patients)
-    projection = (VectorProjection(vectors, max_patients=settings.state_cache_patients)
+    projection = (VectorProjection(vectors, max_vectors=settings.projection_max_vectors)
                   if settings.impact_search == "projection" else None)
     return Deps(router=Router(CodedReasoner()), embedder=embedder, states=states, vectors=vectors,
                 projection=projection, impact_budget=settings.impact_budget,

@@ -50,10 +50,10 @@ class _Patient:
 
 
 class VectorProjection:
-    def __init__(self, backing: VectorStore, *, max_patients: int = 2000) -> None:
+    def __init__(self, backing: VectorStore, *, max_vectors: int = 250_000) -> None:
         self._backing = backing
         self._patients: OrderedDict[str, _Patient] = OrderedDict()
-        self._max = max_patients
+        self._max_vectors = max_vectors
         self._lock = Lock()
         self.reloads = 0
 
@@ -69,9 +69,15 @@ class VectorProjection:
             p.put(self._backing.fetch(patient_id, Store.ACTIVE) + self._backing.fetch(patient_id, Store.HISTORY))
         with self._lock:
             self._patients[patient_id] = p
-            while len(self._patients) > self._max:
-                self._patients.popitem(last=False)
+            self._evict()
         return p
+
+    def _evict(self) -> None:
+        """Drop least recently used patients while the projection holds more than ``max_vectors``."""
+        total = sum(len(q.ids) for q in self._patients.values())
+        while total > self._max_vectors and len(self._patients) > 1:
+            _, dropped = self._patients.popitem(last=False)
+            total -= len(dropped.ids)
 
     def search(self, patient_id: str, version: int, queries: np.ndarray, limit: int,
                exclude: set[str] | None = None) -> list[list[Hit]]:
@@ -100,6 +106,7 @@ class VectorProjection:
                 return
             p.put(rows)
             p.version = to_version
+            self._evict()
 
     def forget(self, patient_id: str) -> None:
         with self._lock:

@@ -126,3 +126,30 @@ def test_no_patient_identifier_in_metrics_or_info_logs(stack_settings: Any, work
     assert SMALL_PATIENT not in metrics
     log = (stack_settings.home / "worker.log").read_text(errors="replace")
     assert "INFO" in log and SMALL_PATIENT not in log
+
+
+def test_publisher_dead_letters_an_invalid_bundle_with_its_bytes(stack_settings: Any, tmp_path: Any) -> None:
+    from stam.publish import publish_bundles
+
+    broken = tmp_path / "broken.json"
+    raw = json.dumps({"resourceType": "Bundle", "type": "collection", "entry": [
+        {"resource": {"resourceType": "Observation", "id": "o1", "status": "final",
+                      "code": {"text": "x"}, "valueQuantity": {"value": "not-a-number"}}}]}).encode()
+    broken.write_bytes(raw)
+    summary = asyncio.run(publish_bundles(stack_settings, [broken]))
+    assert (summary.sent, summary.dead_lettered) == (0, 1)
+
+    async def letters() -> list[dict]:
+        consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(stack_settings.topic_prefix),
+                                    bootstrap_servers=bootstrap(stack_settings), auto_offset_reset="earliest",
+                                    group_id=None)
+        await consumer.start()
+        try:
+            got = await consumer.getmany(timeout_ms=3000)
+            return [json.loads(r.value) for recs in got.values() for r in recs]
+        finally:
+            await consumer.stop()
+
+    found = [d for d in asyncio.run(letters()) if d["stage"] == "publish:fhir-r4"]
+    assert len(found) == 1 and base64.b64decode(found[0]["value"]) == raw
+    assert found[0]["error_type"] == "SourceError" and "failed validation" in found[0]["error"]

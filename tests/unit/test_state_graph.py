@@ -29,3 +29,23 @@ def test_snapshot_roundtrip_keeps_graph() -> None:
                                     [v.model_dump_json().encode() for v in s.memories.values()])
     assert restored.relations() == s.relations()
     assert restored.counts() == s.counts()
+
+
+def test_projection_evicts_least_recent_patients_beyond_its_vector_budget() -> None:
+    import numpy as np
+
+    from stam.stores.base import VectorRow
+    from stam.stores.projection import VectorProjection
+
+    class Empty:  # backing store with nothing in it: a unit test of the projection alone
+        def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
+            return []
+
+    proj = VectorProjection(Empty(), max_vectors=5)  # type: ignore[arg-type]
+    rows = [VectorRow(f"m{i}", np.ones(4, dtype=np.float32)) for i in range(3)]
+    for pid in ("a", "b"):
+        proj.search(pid, 0, np.ones((1, 4), dtype=np.float32), 1)
+        proj.advance(pid, 0, 1, rows)
+    assert set(proj._patients) == {"b"}
+    hits = proj.search("b", 1, np.ones((1, 4), dtype=np.float32), 2)[0]
+    assert [h.score for h in hits] == [1.0, 1.0]
