@@ -271,3 +271,16 @@ def test_coded_links_from_references_on_real_data(deps: Any) -> None:
     assert ("Medication: Hydrochlorothiazide 25 MG", "Condition: Hypertension") in treats
     assert all(r.directed for r in state.relations() if r.type.value in ("treatment_for", "monitoring_for"))
     assert any(r.type.value == "monitoring_for" for r in state.relations())
+
+
+def test_late_arriving_older_values_never_displace_the_newest(deps: Any, small_bundle: Any) -> None:
+    """Two clocks: Body Height values arrive newest first; validity still follows clinical time."""
+    heights = [e for e in small_bundle.entries if any(c.code == "8302-2" for c in e.codes)]
+    run_all(list(reversed(heights)), deps)
+    state = deps.states.load(SMALL_PATIENT)
+    by_time = sorted(state.memories.values(), key=lambda s: s.memory.effective_start)
+    assert [s.store for s in by_time] == [Store.HISTORY] * (len(heights) - 1) + [Store.ACTIVE]
+    assert by_time[-1].memory.value == pytest.approx(87.8171, abs=1e-3)
+    assert {s.reason for s in by_time[:-1]} == {Reason.PRIOR_STATE}
+    for older, newer in zip(by_time, by_time[1:], strict=False):
+        assert older.successor_id == newer.memory.memory_id
