@@ -121,6 +121,9 @@ class TransitionEvent(WireModel):
     recorded_at: AwareDatetime = Field(description="When STAM applied it (arrival clock)")
     state_version: int = Field(ge=1, description="Patient state version this transition produced")
     memory: AtomicMemory | None = Field(default=None, description="Full memory for kind=added")
+    relations: tuple[Relation, ...] = Field(
+        default=(), description="For kind=added: the relations this entry added from this memory, so the "
+        "relation graph can be rebuilt from the log")
 
 
 class DeadLetter(WireModel):

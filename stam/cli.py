@@ -5,6 +5,7 @@
   stam publish PATH...          publish FHIR R4 bundles (files or folders) to the entries topic
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
+  stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam demo                     all of the above on one real Synthea patient
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
@@ -115,6 +116,57 @@ def cmd_state(args: argparse.Namespace) -> int:
         print(json.dumps(export_state(state), indent=2))
     else:
         print(render_text(state, limit=args.limit))
+    return 0
+
+
+async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]:
+    """Every transition of one patient, read from its partition of the transitions topic."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.partitioner import DefaultPartitioner
+
+    from schemas import TransitionEvent
+    from topology import topics as t
+    from topology.admin import bootstrap
+
+    topic = t.TRANSITIONS.name(settings.topic_prefix)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    try:
+        parts = sorted(consumer.partitions_for_topic(topic) or [])
+        if not parts:
+            await consumer.topics()
+            parts = sorted(consumer.partitions_for_topic(topic) or [])
+        key = patient_id.encode()
+        tp = TopicPartition(topic, DefaultPartitioner()(key, parts, parts))
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        end = (await consumer.end_offsets([tp]))[tp]
+        events: list[Any] = []
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                events.extend(TransitionEvent.model_validate_json(r.value) for r in records if r.key == key)
+        return events
+    finally:
+        await consumer.stop()
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    from stam.rebuild import rebuild
+    from workers.runtime import build_deps
+
+    settings = load_settings()
+    deps = build_deps(settings)
+    if deps.states.load(args.patient).version != 0:
+        print(f"patient {args.patient} already has state; erase it first (rebuild writes into empty stores)",
+              file=sys.stderr)
+        return 1
+    events = asyncio.run(_patient_transitions(settings, args.patient))
+    if not events:
+        print(f"no transitions for patient {args.patient}", file=sys.stderr)
+        return 1
+    state = rebuild(args.patient, events, deps)
+    print(json.dumps({"patient_id": args.patient, "transitions": len(events), "state_version": state.version,
+                      **state.counts()}))
     return 0
 
 
@@ -277,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the stable export shape (see README)")
     p.add_argument("--limit", type=int, default=None, help="text mode: at most N memories per store")
     p.set_defaults(fn=cmd_state)
+
+    p = sub.add_parser("rebuild", help="rebuild a patient's stores from the transitions topic")
+    p.add_argument("--patient", required=True)
+    p.set_defaults(fn=cmd_rebuild)
 
     p = sub.add_parser("demo", help="stream one real Synthea patient through the embedded stack")
     p.add_argument("--bundle", default=DEFAULT_DEMO_BUNDLE)

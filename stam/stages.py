@@ -333,8 +333,10 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
 
     for m in x.memories:
         state.add(m, Store.ACTIVE)
+    added_relations: dict[str, list[Relation]] = {}
     for r in relations:
-        state.relate(r)
+        if state.relate(r):
+            added_relations.setdefault(r.source_id, []).append(r)
 
     events: list[TransitionEvent] = []
     changed: dict[str, StoredMemory] = {}
@@ -350,6 +352,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             evidence_id=evidence.memory_id if kind is TransitionKind.ARCHIVED else None,
             clinical_time=evidence.effective_end or evidence.effective_start,
             recorded_at=now, state_version=new_version, memory=memory,
+            relations=tuple(added_relations.get(memory.memory_id, ())) if memory else (),
         ))
 
     new_ids = {m.memory_id for m in x.memories}

@@ -120,6 +120,12 @@ class PatientState:
         self.graph.add_edge(src, dst, type=relation.type.value, weight=relation.weight)
         return True
 
+    def restore_relation(self, relation: Relation) -> None:
+        """Put back a relation recorded in the transition log (it was valid when it was made)."""
+        src = self.graph.vs.find(name=relation.source_id).index
+        dst = self.graph.vs.find(name=relation.target_id).index
+        self.graph.add_edge(src, dst, type=relation.type.value, weight=relation.weight)
+
     def _index(self, stored: StoredMemory) -> None:
         mem = stored.memory
         self.memories[mem.memory_id] = stored

@@ -153,3 +153,28 @@ def test_publisher_dead_letters_an_invalid_bundle_with_its_bytes(stack_settings:
     found = [d for d in asyncio.run(letters()) if d["stage"] == "publish:fhir-r4"]
     assert len(found) == 1 and base64.b64decode(found[0]["value"]) == raw
     assert found[0]["error_type"] == "SourceError" and "failed validation" in found[0]["error"]
+
+
+def test_rebuild_from_the_transitions_topic(stack_settings: Any, worker: Any, monkeypatch: Any,
+                                            capsys: Any) -> None:
+    """Runs after the pipeline test: erase the patient's Redis and Milvus projections, then rebuild them
+    with `stam rebuild` from the transitions topic alone; the state is the same as before."""
+    from stam.cli import main
+    from stam.export import export_state
+    from stam.stores.milvus import MilvusVectorStore
+
+    s = stack_settings
+    states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
+    before = export_state(states.load(SMALL_PATIENT))
+    assert before["state_version"] > 0
+    vectors = MilvusVectorStore(s.milvus_uri, dim=384)
+    states.erase_patient(SMALL_PATIENT)
+    vectors.erase_patient(SMALL_PATIENT)
+    for name, value in (("HOME", str(s.home)), ("BROKER_URL", s.broker_url), ("REDIS_URL", s.redis_url),
+                        ("MILVUS_URI", s.milvus_uri), ("PARTITIONS", str(s.partitions))):
+        monkeypatch.setenv(f"STAM_{name}", value)
+    assert main(["rebuild", "--patient", SMALL_PATIENT]) == 0
+    assert json.loads(capsys.readouterr().out)["state_version"] == before["state_version"]
+    fresh = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
+    assert export_state(fresh.load(SMALL_PATIENT)) == before
+    assert vectors.count(SMALL_PATIENT, Store.ACTIVE) == before["counts"]["active"]
