@@ -289,7 +289,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
         print(render_text(state, limit=args.limit))
-        print(f"\nFull export: stam state --patient {patient} --json")
+        print(f"\nFull export: STAM_HOME={home} .venv/bin/stam state --patient {patient} --json")
         return 0 if counts["entries_done"] == len(result.entries) else 1
     finally:
         worker.send_signal(signal.SIGTERM)
