@@ -66,6 +66,7 @@ class Category(StrEnum):
     ALLERGY = "allergy"
     CAREPLAN = "careplan"
     REPORT = "report"
+    ORDER = "order"
     NOTE = "note"
     OTHER = "other"
 

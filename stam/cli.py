@@ -2,7 +2,7 @@
 
   stam stack up|down|status     embedded broker (Tansu), Redis and Milvus Lite on loopback
   stam worker                   run the write-path workers (extract, link, impact, update)
-  stam publish PATH...          publish FHIR R4 bundles (files or folders) to the entries topic
+  stam publish PATH...          publish FHIR R4 bundles or bulk-export NDJSON (files or folders)
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
@@ -87,7 +87,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from stam.publish import publish_bundles
+    from stam.publish import publish_paths
 
     settings = load_settings()
 
@@ -95,7 +95,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if n % 100 == 0:
             print(f"\r  sent {n} entries", end="", file=sys.stderr, flush=True)
 
-    summary = asyncio.run(publish_bundles(settings, args.paths, rate=args.rate, progress=progress))
+    summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate, progress=progress))
     print(file=sys.stderr)
     print(json.dumps(summary.as_dict()))
     return 0 if summary.dead_lettered == 0 else 2
@@ -315,8 +315,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loglevel", default="info")
     p.set_defaults(fn=cmd_worker)
 
-    p = sub.add_parser("publish", help="publish FHIR R4 bundles to the entries topic")
-    p.add_argument("paths", nargs="+", help="bundle files or folders of *.json bundles")
+    p = sub.add_parser("publish", help="publish FHIR R4 bundles or bulk NDJSON to the entries topic")
+    p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
+                   "bulk-export folders")
+    p.add_argument("--format", choices=["auto", "fhir-bundle", "fhir-ndjson"], default="auto")
     p.add_argument("--rate", type=float, default=None, help="entries per second (default: unlimited)")
     p.set_defaults(fn=cmd_publish)
 

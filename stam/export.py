@@ -59,7 +59,7 @@ def export_state(state: PatientState) -> dict[str, Any]:
     }
 
 
-_CATEGORY_ORDER = ["condition", "medication", "allergy", "careplan", "immunization", "procedure",
+_CATEGORY_ORDER = ["condition", "medication", "allergy", "careplan", "order", "immunization", "procedure",
                    "observation", "report", "encounter", "note", "other"]
 
 

@@ -54,6 +54,8 @@ RESOURCE_CATEGORY: dict[str, Category] = {
     "AllergyIntolerance": Category.ALLERGY,
     "CarePlan": Category.CAREPLAN,
     "DiagnosticReport": Category.REPORT,
+    "ServiceRequest": Category.ORDER,
+    "DocumentReference": Category.NOTE,
 }
 
 # Statuses after which a fact no longer holds, per category ("completed" ends a medication course or a
@@ -69,6 +71,7 @@ _ANY_TERMINAL = {
 _TERMINAL_BY_CATEGORY: dict[Category, dict[str, Reason]] = {
     Category.MEDICATION: {"completed": Reason.COMPLETED},
     Category.CAREPLAN: {"completed": Reason.COMPLETED},
+    Category.ORDER: {"completed": Reason.COMPLETED},
     Category.CONDITION: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED,
                          "remission": Reason.RESOLVED},
     Category.ALLERGY: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED},
@@ -167,13 +170,17 @@ class CodedReasoner:
                 dosage=entry.dosage, effective_start=entry.effective_at, effective_end=entry.effective_end,
                 recorded_at=entry.recorded_at, source_ref=entry.source_ref,
             ))
+        if entry.text and entry.text.strip():
+            # A coded entry that also carries text (a report's presented form): the text is kept verbatim
+            # beside the coded facts; decomposing it is the language-model reasoner's job.
+            memories.append(self._verbatim(entry, position=len(memories)))
         return memories
 
-    def _verbatim(self, entry: RecordEntry) -> AtomicMemory:
+    def _verbatim(self, entry: RecordEntry, position: int = 0) -> AtomicMemory:
         text = (entry.text or "").strip()
         return AtomicMemory(
-            memory_id=memory_id(entry.entry_id, 0), patient_id=entry.patient_id, entry_id=entry.entry_id,
-            position=0, category=Category.NOTE, text=text, status=entry.status,
+            memory_id=memory_id(entry.entry_id, position), patient_id=entry.patient_id,
+            entry_id=entry.entry_id, position=position, category=Category.NOTE, text=text, status=entry.status,
             effective_start=entry.effective_at, effective_end=entry.effective_end,
             recorded_at=entry.recorded_at, source_ref=entry.source_ref,
         )

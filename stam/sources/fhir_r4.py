@@ -11,6 +11,7 @@ no-ops), a new version of the resource gives a new id (a state change).
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ SOURCE = "fhir-r4"
 CLINICAL_TYPES = frozenset({
     "Condition", "MedicationRequest", "MedicationStatement", "MedicationAdministration", "Observation",
     "Procedure", "Immunization", "Encounter", "AllergyIntolerance", "CarePlan", "DiagnosticReport",
+    "ServiceRequest", "DocumentReference",
 })
 
 
@@ -67,6 +69,20 @@ def _status_code(concept: dict[str, Any] | None) -> str | None:
         if c.get("code"):
             return str(c["code"])
     return None
+
+
+def _attachments_text(attachments: list[dict[str, Any]]) -> str | None:
+    """The text of text/* attachments (base64 ``data``), joined; other content types are not read."""
+    parts = []
+    for a in attachments:
+        if not str(a.get("contentType", "text/plain")).startswith("text/") or not a.get("data"):
+            continue
+        try:
+            parts.append(base64.b64decode(a["data"], validate=True).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise SourceError(f"attachment is not base64 UTF-8 text: {exc}") from exc
+    text = "\n\n".join(p.strip() for p in parts if p.strip())
+    return text or None
 
 
 def _quantity(r: dict[str, Any]) -> Quantity | None:
@@ -179,6 +195,8 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
     value = None
     components: list[tuple[Coding, Quantity]] = []
     dosage = None
+    text: str | None = None
+    attributes: dict[str, Any] = {}
     refs: list[Reference] = []
 
     def add_refs(role: str, items: list[dict[str, Any]] | None) -> None:
@@ -248,9 +266,33 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
         recorded = parse_time(r.get("issued"))
         add_refs("has-member", r.get("result"))
-    if not codes:
+        text = _attachments_text(r.get("presentedForm") or [])
+    elif rtype == "ServiceRequest":
+        codes = _codings(r.get("code"))
+        start = parse_time(r.get("occurrenceDateTime") or (r.get("occurrencePeriod") or {}).get("start")
+                           or r.get("authoredOn"))
+        recorded = parse_time(r.get("authoredOn"))
+        add_refs("reason", r.get("reasonReference"))
+    elif rtype == "DocumentReference":
+        # A clinical note: its text is the entry (for the extractor); the document type is metadata, not a
+        # clinical concept of the patient, so it is not sent as a code.
+        text = _attachments_text([c.get("attachment") or {} for c in r.get("content", [])])
+        context = r.get("context") or {}
+        start = parse_time((context.get("period") or {}).get("start") or r.get("date"))
+        recorded = parse_time(r.get("date"))
+        doc_type = _codings(r.get("type"))
+        if doc_type:
+            attributes["document_type"] = doc_type[0].display or doc_type[0].code
+    if rtype == "Observation":
+        add_refs("has-member", r.get("hasMember"))
+    if not codes and not text:
         return None
-    encounter = _canonical_ref((r.get("encounter") or r.get("context") or {}).get("reference"), urls)
+    context = r.get("context")
+    encounter_ref = (r.get("encounter") or (context if isinstance(context, dict) and "reference" in context
+                                            else {})).get("reference")
+    if encounter_ref is None and isinstance(context, dict) and context.get("encounter"):
+        encounter_ref = context["encounter"][0].get("reference")
+    encounter = _canonical_ref(encounter_ref, urls)
     if encounter and encounter_reasons:
         refs.extend(Reference(role="encounter-reason", target=f"concept:{c.system}|{c.code}")
                     for c in encounter_reasons.get(encounter, []))
@@ -261,7 +303,8 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         patient_id=patient_id, entry_id=f"{SOURCE}:{source_ref or rtype}:{digest(content, size=8)}",
         source=SOURCE, source_ref=source_ref, resource_type=rtype, effective_at=start,
         effective_end=end, recorded_at=recorded, status=status, codes=tuple(codes), value=value,
-        components=tuple(components), dosage=dosage, references=tuple(refs),
+        components=tuple(components), dosage=dosage, references=tuple(refs), text=text,
+        attributes=attributes,
     )
 
 

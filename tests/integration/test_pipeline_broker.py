@@ -128,6 +128,32 @@ def test_no_patient_identifier_in_metrics_or_info_logs(stack_settings: Any, work
     assert "INFO" in log and SMALL_PATIENT not in log
 
 
+async def _dead_letters(settings: Any) -> list[dict]:
+    consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
+                                auto_offset_reset="earliest", group_id=None)
+    await consumer.start()
+    try:
+        got = await consumer.getmany(timeout_ms=3000)
+        return [json.loads(r.value) for recs in got.values() for r in recs]
+    finally:
+        await consumer.stop()
+
+
+def test_publisher_dead_letters_bad_ndjson_lines_and_sends_the_rest(stack_settings: Any, tmp_path: Any) -> None:
+    from stam.publish import publish_paths
+
+    good = json.dumps({"resourceType": "Condition", "id": "c1", "subject": {"reference": "Patient/ndjson-p"},
+                       "code": {"coding": [{"system": "http://snomed.info/sct", "code": "38341003"}]},
+                       "onsetDateTime": "2020-01-01"}).encode()
+    bad = b'{"resourceType": "Condition", "id": "c2", "onsetDateTime": 17}'
+    (tmp_path / "Condition.000.ndjson").write_bytes(good + b"\n" + bad + b"\n")
+    summary = asyncio.run(publish_paths(stack_settings, [tmp_path]))
+    assert (summary.sent, summary.dead_lettered) == (1, 1)
+    found = [d for d in asyncio.run(_dead_letters(stack_settings)) if d["stage"] == "publish:fhir-ndjson"]
+    assert len(found) == 1 and base64.b64decode(found[0]["value"]) == bad
+    assert found[0]["error"].startswith("Condition.000.ndjson:2: ")
+
+
 def test_publisher_dead_letters_an_invalid_bundle_with_its_bytes(stack_settings: Any, tmp_path: Any) -> None:
     from stam.publish import publish_bundles
 
@@ -139,18 +165,7 @@ def test_publisher_dead_letters_an_invalid_bundle_with_its_bytes(stack_settings:
     summary = asyncio.run(publish_bundles(stack_settings, [broken]))
     assert (summary.sent, summary.dead_lettered) == (0, 1)
 
-    async def letters() -> list[dict]:
-        consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(stack_settings.topic_prefix),
-                                    bootstrap_servers=bootstrap(stack_settings), auto_offset_reset="earliest",
-                                    group_id=None)
-        await consumer.start()
-        try:
-            got = await consumer.getmany(timeout_ms=3000)
-            return [json.loads(r.value) for recs in got.values() for r in recs]
-        finally:
-            await consumer.stop()
-
-    found = [d for d in asyncio.run(letters()) if d["stage"] == "publish:fhir-r4"]
+    found = [d for d in asyncio.run(_dead_letters(stack_settings)) if d["stage"] == "publish:fhir-r4"]
     assert len(found) == 1 and base64.b64decode(found[0]["value"]) == raw
     assert found[0]["error_type"] == "SourceError" and "failed validation" in found[0]["error"]
 

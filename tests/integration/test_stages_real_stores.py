@@ -304,3 +304,24 @@ def test_stores_rebuilt_from_the_transition_log_equal_the_live_state(deps: Any, 
     assert export_state(deps.states.load(SMALL_PATIENT)) == live
     assert (deps.vectors.count(SMALL_PATIENT, Store.ACTIVE), deps.vectors.count(SMALL_PATIENT, Store.HISTORY)) == (
         active, history)
+
+
+def test_bulk_ndjson_patient_notes_become_verbatim_memories(deps: Any) -> None:
+    """One patient of the bulk NDJSON set (notes without a model are kept verbatim, not decomposed)."""
+    from tests.conftest import DATA
+
+    bulk = DATA / "synthea-bulk-10p"
+    if not bulk.is_dir():
+        pytest.skip(f"shared data folder not found at {bulk}")
+    from stam.sources.fhir_ndjson import load_ndjson
+
+    entries = load_ndjson([bulk]).entries
+    pid = entries[0].patient_id
+    mine = [e for e in entries if e.patient_id == pid]
+    run_all(mine, deps)
+    state = deps.states.load(pid)
+    notes = [s for s in state.memories.values() if s.memory.category.value == "note"]
+    assert len(notes) == sum(1 for e in mine if e.resource_type == "DocumentReference") > 0
+    assert all(s.store is Store.ACTIVE and s.memory.concept is None for s in notes)
+    stopped = [s for s in state.memories.values() if s.memory.status == "stopped"]
+    assert stopped and all(s.store is Store.HISTORY for s in stopped)

@@ -1,0 +1,104 @@
+"""FHIR R4 bulk-export NDJSON (one file per resource type, one resource per line) -> record entries.
+
+Every line is validated on its own with ``fhir.resources.R4B``; a line that is not JSON or not a valid
+resource becomes a :class:`BadInput` with its original bytes and the reason (the publisher dead-letters
+it), and the rest of the file goes on. Encounters are read first so resources recorded during an
+encounter carry its reason codes, as in bundles.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from schemas import Coding, RecordEntry
+from stam.errors import SourceError
+from stam.sources.fhir_r4 import CLINICAL_TYPES, _first_codings, resource_to_entry
+
+
+@dataclass(frozen=True)
+class BadInput:
+    """One unit of input that could not become an entry, kept whole for the dead-letter topic."""
+
+    source: str
+    raw: bytes
+    error_type: str
+    error: str
+
+
+@dataclass
+class NdjsonResult:
+    entries: list[RecordEntry] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    bad: list[BadInput] = field(default_factory=list)
+
+
+def ndjson_files(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        # In a folder, log.ndjson is the bulk-data export's status log, not clinical data.
+        out.extend(sorted(f for f in p.glob("*.ndjson") if f.name != "log.ndjson") if p.is_dir() else [p])
+    # Encounters first: other resources look up their encounter's reason.
+    return sorted(out, key=lambda f: (not f.name.startswith("Encounter"), f.name))
+
+
+def _validate(line: bytes) -> dict[str, Any]:
+    from fhir.resources.R4B import get_fhir_model_class
+
+    try:
+        resource = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"not JSON: {exc}") from exc
+    if not isinstance(resource, dict) or not isinstance(resource.get("resourceType"), str):
+        raise SourceError("not a FHIR resource (no resourceType)")
+    try:
+        model = get_fhir_model_class(resource["resourceType"])
+    except KeyError as exc:
+        raise SourceError(f"unknown FHIR R4 resource type {resource['resourceType']!r}") from exc
+    try:
+        model.model_validate(resource)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise SourceError(f"FHIR R4 {resource['resourceType']} failed validation: {exc.error_count()} errors; "
+                          f"first: {first['loc']} {first['msg']}") from exc
+    return resource
+
+
+def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
+    """Entries of bulk-export NDJSON files or folders, in clinical-time order (stable)."""
+    result = NdjsonResult()
+    encounter_reasons: dict[str, list[Coding]] = {}
+    for path in ndjson_files(paths):
+        with path.open("rb") as fh:
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path.name}:{lineno}"
+                try:
+                    resource = _validate(line)
+                    rtype = resource["resourceType"]
+                    if rtype == "Encounter" and resource.get("id"):
+                        encounter_reasons[f"Encounter/{resource['id']}"] = _first_codings(resource.get("reasonCode"))
+                    if rtype not in CLINICAL_TYPES:
+                        result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
+                        continue
+                    subject = (resource.get("subject") or resource.get("patient") or {}).get("reference", "")
+                    if not subject.startswith("Patient/"):
+                        raise SourceError(f"{rtype}/{resource.get('id')} names no patient (subject {subject!r})")
+                    entry = resource_to_entry(resource, subject.removeprefix("Patient/"), {}, encounter_reasons)
+                except (SourceError, ValidationError, ValueError) as exc:
+                    result.bad.append(BadInput(where, line.rstrip(b"\n"), type(exc).__name__, str(exc)[:2000]))
+                    continue
+                if entry is None:
+                    result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
+                else:
+                    result.entries.append(entry)
+    epoch = datetime(1, 1, 1, tzinfo=UTC)
+    result.entries.sort(key=lambda e: e.effective_at or e.recorded_at or epoch)
+    return result
