@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from schemas import Coding, RecordEntry
 from stam.errors import SourceError
-from stam.sources.fhir_r4 import CLINICAL_TYPES, _first_codings, resource_to_entry
+from stam.sources.fhir_r4 import CLINICAL_TYPES, LIBRARY_FAULTS, _first_codings, resource_to_entry
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,8 @@ def _validate(line: bytes) -> dict[str, Any]:
         first = exc.errors()[0]
         raise SourceError(f"FHIR R4 {resource['resourceType']} failed validation: {exc.error_count()} errors; "
                           f"first: {first['loc']} {first['msg']}") from exc
+    except LIBRARY_FAULTS as exc:
+        raise SourceError(f"FHIR R4 {resource['resourceType']} failed validation: {type(exc).__name__}: {exc}") from exc
     return resource
 
 
@@ -92,7 +94,7 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     if not subject.startswith("Patient/"):
                         raise SourceError(f"{rtype}/{resource.get('id')} names no patient (subject {subject!r})")
                     entry = resource_to_entry(resource, subject.removeprefix("Patient/"), {}, encounter_reasons)
-                except (SourceError, ValidationError, ValueError) as exc:
+                except (SourceError, ValidationError, *LIBRARY_FAULTS) as exc:
                     result.bad.append(BadInput(where, line.rstrip(b"\n"), type(exc).__name__, str(exc)[:2000]))
                     continue
                 if entry is None:

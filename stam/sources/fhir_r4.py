@@ -27,6 +27,10 @@ from stam.ids import digest
 
 SOURCE = "fhir-r4"
 
+# What fhir.resources (and our mapping of a validated resource) can raise on a malformed input besides
+# pydantic's ValidationError; the sources turn all of them into SourceError.
+LIBRARY_FAULTS: tuple[type[Exception], ...] = (TypeError, KeyError, ValueError, AttributeError, IndexError)
+
 CLINICAL_TYPES = frozenset({
     "Condition", "MedicationRequest", "MedicationStatement", "MedicationAdministration", "Observation",
     "Procedure", "Immunization", "Encounter", "AllergyIntolerance", "CarePlan", "DiagnosticReport",
@@ -137,6 +141,8 @@ def validate_bundle(raw: dict[str, Any]) -> None:
     except ValidationError as exc:
         raise SourceError(f"FHIR R4 bundle failed validation: {exc.error_count()} errors; first: "
                           f"{exc.errors()[0]['loc']} {exc.errors()[0]['msg']}") from exc
+    except LIBRARY_FAULTS as exc:  # fhir.resources raises these on some malformed shapes
+        raise SourceError(f"FHIR R4 bundle failed validation: {type(exc).__name__}: {exc}") from exc
 
 
 def _canonical_ref(ref: str | None, urls: dict[str, str]) -> str | None:
@@ -174,7 +180,10 @@ def entries_from_bundle(raw: dict[str, Any], *, validate: bool = True) -> Bundle
         pid = subject.split("/", 1)[1] if subject and subject.startswith("Patient/") else result.patient_id
         if not pid:
             raise SourceError(f"{rtype}/{r.get('id')} names no patient")
-        entry = resource_to_entry(r, pid, urls, encounter_reasons)
+        try:
+            entry = resource_to_entry(r, pid, urls, encounter_reasons)
+        except LIBRARY_FAULTS as exc:
+            raise SourceError(f"{rtype}/{r.get('id')} cannot be mapped: {type(exc).__name__}: {exc}") from exc
         if entry is None:
             result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
         else:
