@@ -39,6 +39,9 @@ class NdjsonResult:
     bad: list[BadInput] = field(default_factory=list)
 
 
+ENTRY_FAULTS: tuple[type[Exception], ...] = (SourceError, ValidationError, *LIBRARY_FAULTS)
+
+
 def ndjson_files(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
@@ -94,7 +97,7 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     if not subject.startswith("Patient/"):
                         raise SourceError(f"{rtype}/{resource.get('id')} names no patient (subject {subject!r})")
                     entry = resource_to_entry(resource, subject.removeprefix("Patient/"), {}, encounter_reasons)
-                except (SourceError, ValidationError, *LIBRARY_FAULTS) as exc:
+                except ENTRY_FAULTS as exc:
                     result.bad.append(BadInput(where, line.rstrip(b"\n"), type(exc).__name__, str(exc)[:2000]))
                     continue
                 if entry is None:
