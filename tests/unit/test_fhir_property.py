@@ -57,6 +57,8 @@ def test_ndjson_lines_never_crash(tmp_path: Path, lines: list[bytes]) -> None:
 def test_bundles_either_parse_or_raise_source_error(resource: dict[str, Any]) -> None:
     bundle = {"resourceType": "Bundle", "type": "collection", "entry": [{"resource": resource}]}
     try:
-        entries_from_bundle(bundle)
-    except SourceError:
-        pass
+        result = entries_from_bundle(bundle)
+    except SourceError as exc:
+        assert str(exc)  # refused with a reason
+        return
+    assert len(result.entries) + sum(result.skipped.values()) == 1
