@@ -132,10 +132,12 @@ def link_batch(items: Sequence[ExtractedEntry], deps: Deps) -> list[LinkedEntry]
 
 def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
     """Typed relations from the new memories to the patient's ACTIVE memories."""
-    state = deps.states.load(x.entry.patient_id)
-    if deps.inflight.defer(x.entry.patient_id, state.version):
-        return LinkedEntry(entry=x.entry, memories=x.memories, relations=(), state_version=state.version,
+    version = deps.states.version(x.entry.patient_id)
+    if deps.inflight.defer(x.entry.patient_id, version):
+        # Deferred: only the version is needed, not the patient's state.
+        return LinkedEntry(entry=x.entry, memories=x.memories, relations=(), state_version=version,
                            deferred=True)
+    state = deps.states.load(x.entry.patient_id)
     relations = _link(x.entry, x.memories, state, deps)
     return LinkedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
                        state_version=state.version)

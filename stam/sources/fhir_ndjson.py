@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,13 @@ from pydantic import ValidationError
 
 from schemas import Coding, RecordEntry
 from stam.errors import SourceError
-from stam.sources.fhir_r4 import CLINICAL_TYPES, LIBRARY_FAULTS, _first_codings, resource_to_entry
+from stam.sources.fhir_r4 import (
+    CLINICAL_TYPES,
+    LIBRARY_FAULTS,
+    _first_codings,
+    resource_to_entry,
+    sort_clinically,
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,5 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
                 else:
                     result.entries.append(entry)
-    epoch = datetime(1, 1, 1, tzinfo=UTC)
-    result.entries.sort(key=lambda e: e.effective_at or e.recorded_at or epoch)
+    sort_clinically(result.entries)
     return result

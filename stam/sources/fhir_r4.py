@@ -188,9 +188,16 @@ def entries_from_bundle(raw: dict[str, Any], *, validate: bool = True) -> Bundle
             result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
         else:
             result.entries.append(entry)
-    epoch = datetime(1, 1, 1, tzinfo=UTC)
-    result.entries.sort(key=lambda e: e.effective_at or e.recorded_at or epoch)
+    sort_clinically(result.entries)
     return result
+
+
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def sort_clinically(entries: list[RecordEntry]) -> None:
+    """Order entries by clinical time (recorded time when there is none), stable for equal times."""
+    entries.sort(key=lambda e: e.effective_at or e.recorded_at or _EPOCH)
 
 
 def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] | None = None,
