@@ -168,9 +168,15 @@ def _channels(chans: frozenset[Channel]) -> tuple[Channel, ...]:
     return tuple(sorted(chans))  # sorting enums is slow; there are only 7 combinations
 
 
+EXPLICIT_ROLES = frozenset({"replaces", "discontinues"})
+"""Reference roles that name a source resource the entry ends; its memories are always impact candidates."""
+
+
 def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], state: PatientState,
-            deps: Deps) -> dict[str, list[Impact]]:
-    """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, and one graph hop, per new memory."""
+            deps: Deps, entry: RecordEntry | None = None) -> dict[str, list[Impact]]:
+    """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, resources the entry explicitly replaces or
+    discontinues, and one graph hop, per new memory."""
+    explicit = [r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
     vectors = _vectors(memories, deps)
     semantic = _semantic(memories, vectors, state, deps)
     known = state.memories
@@ -198,8 +204,8 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
         if m.concept_key:
             for s in state.by_concept(m.concept_key):
                 note(s.memory.memory_id, Channel.CODE, 1.0)
-        if m.source_ref:
-            for s in state.by_source(m.source_ref):
+        for ref in ([m.source_ref] if m.source_ref else []) + explicit:
+            for s in state.by_source(ref):
                 note(s.memory.memory_id, Channel.CODE, 1.0)
         # Graph channel: the memories this entry links ``m`` to, and one hop from each of them in the
         # stored graph; a neighbour is scored by its strongest relation on that path.
@@ -236,7 +242,7 @@ def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
     relations: Sequence[Relation] = x.relations
     if state.version != x.state_version:
         relations = _link(x.entry, x.memories, state, deps)
-    candidates = _impact(x.memories, relations, state, deps)
+    candidates = _impact(x.memories, relations, state, deps, x.entry)
     return ImpactedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
                          candidates={k: tuple(c.to_wire() for c in v) for k, v in candidates.items()},
                          state_version=state.version)
@@ -276,6 +282,7 @@ class _PatientWork:
     changed: dict[str, StoredMemory] = field(default_factory=dict)
     rows: dict[str, VectorRow] = field(default_factory=dict)
     outboxes: dict[str, bytes] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
 
 
 def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
@@ -297,7 +304,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         candidates = {k: [Impact.from_wire(c) for c in v] for k, v in x.candidates.items()}
         if redone:
             relations = _link(x.entry, x.memories, state, deps)
-            candidates = _impact(x.memories, relations, state, deps)
+            candidates = _impact(x.memories, relations, state, deps, x.entry)
         events, changed = _apply(x, relations, candidates, state, deps)
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
             changed, _vectors([c.memory for c in changed.values()], deps), strict=True)]
@@ -306,10 +313,12 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         w.changed.update(changed)
         w.rows.update((r.memory_id, r) for r in rows)
         w.outboxes[x.entry.entry_id] = orjson.dumps([e.model_dump(mode="json") for e in events])
+        if x.entry.text and x.entry.text.strip():
+            w.sources[x.entry.entry_id] = x.entry.text
         results.append(UpdateResult(events, state.version, redone=redone))
 
     commits = [Commit(patient_id=pid, expected_version=w.base_version, state=w.state,
-                      changed=list(w.changed.values()), outboxes=w.outboxes)
+                      changed=list(w.changed.values()), outboxes=w.outboxes, sources=w.sources)
                for pid, w in work.items() if w.outboxes]
     try:
         for c in commits:

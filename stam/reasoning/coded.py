@@ -10,10 +10,17 @@ Update rules, for a new memory ``m`` with concept ``k``:
 2. A terminal status (medication stopped/completed/cancelled, condition resolved/inactive/remission or
    abated, care plan completed/revoked...) places ``m`` in HISTORY with that reason, and moves to HISTORY
    every ACTIVE memory of ``k`` (or of the same resource) that began no later than ``m`` ended.
+   A cancelled or not-done fact (an order cancelled, a dose not given) says nothing about other instances
+   of the concept: it archives only earlier versions of its own resource.
 3. Otherwise ``m`` is current: every ACTIVE memory of ``k`` (or of the same resource, an older version)
    that is not clinically newer is superseded by ``m`` (a newer lab value, a renewed or re-dosed order).
    If an ACTIVE memory of ``k`` is clinically newer, ``m`` arrived late: it goes straight to HISTORY
    (reason ``prior-state``) linked to the memory that followed it in clinical time.
+
+Explicit references take precedence over codes: an entry that ``replaces`` a source resource (a POE
+'Change' order, FHIR ``MedicationRequest.priorPrescription`` / ``ServiceRequest.replaces``, an HL7 order
+replacement) supersedes every ACTIVE memory of that resource whatever its code; one that ``discontinues`` a
+resource (a POE 'D/C' order) ends it with the new memory's own reason (stopped when it has none).
 
 Memories that are only similar in meaning are never archived by this reasoner: an ACTIVE memory stays
 unless the codes show it no longer holds.
@@ -256,6 +263,19 @@ class CodedReasoner:
                         if key and c.stored.memory.concept_key == key
                         and c.stored.memory.entry_id != memory.entry_id]
         archives: dict[str, Archive] = {}
+        replaced = {r.target for r in entry.references if r.role == "replaces"}
+        discontinued = {r.target for r in entry.references if r.role == "discontinues"}
+        for c in candidates:
+            s = c.stored
+            if s.store is not Store.ACTIVE or s.memory.entry_id == memory.entry_id or not s.memory.source_ref:
+                continue
+            if s.memory.source_ref in replaced:
+                archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=Reason.SUPERSEDED,
+                                                       successor_id=mid)
+            elif s.memory.source_ref in discontinued:
+                archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=own or Reason.STOPPED,
+                                                       successor_id=mid)
+        explicit = bool(archives)
         for s in same_resource:
             if s.store is Store.ACTIVE and s.memory.concept_key == key:
                 archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id,
@@ -265,7 +285,8 @@ class CodedReasoner:
 
         if own is not None:
             until = memory.effective_end or _when(memory)
-            for s in active_same:
+            # A cancelled/not-done fact ends only its own resource (handled above), never its concept.
+            for s in active_same if own is not Reason.CANCELLED else ():
                 if _when(s.memory) <= until:
                     archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=own,
                                                            successor_id=mid)
@@ -291,5 +312,7 @@ class CodedReasoner:
         for s in active_same:
             archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id,
                                                    reason=Reason.SUPERSEDED, successor_id=mid)
+        rationale = ("replaces or discontinues the referenced order" if explicit
+                     else "newer fact of the same concept" if archives else None)
         return UpdateDecision(memory_id=mid, placement=Store.ACTIVE, archive=tuple(archives.values()),
-                              rationale="newer fact of the same concept" if archives else None)
+                              rationale=rationale)

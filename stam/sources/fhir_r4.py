@@ -236,6 +236,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
         dosage = _dosage(r)
         add_refs("reason", r.get("reasonReference"))
+        add_refs("replaces", [r["priorPrescription"]] if r.get("priorPrescription") else [])
     elif rtype == "Observation":
         codes = _codings(r.get("code"))
         start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
@@ -289,6 +290,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
                            or r.get("authoredOn"))
         recorded = parse_time(r.get("authoredOn"))
         add_refs("reason", r.get("reasonReference"))
+        add_refs("replaces", r.get("replaces"))
     elif rtype == "DocumentReference":
         # A clinical note: its text is the entry (for the extractor); the document type is metadata, not a
         # clinical concept of the patient, so it is not sent as a code.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -64,6 +64,8 @@ class Commit:
     changed: Sequence[StoredMemory]
     outboxes: dict[str, bytes]
     """Serialised transition events per entry id, kept until delivered (transactional outbox)."""
+    sources: dict[str, str] = field(default_factory=dict)
+    """Text of the applied entries that carry text, by entry id (source spans at read time)."""
 
 
 class StateStore(ABC):
@@ -100,6 +102,10 @@ class StateStore(ABC):
 
     @abstractmethod
     def patients(self) -> list[str]: ...
+
+    def source_text(self, patient_id: str, entry_id: str) -> str | None:
+        """The text of an applied entry (kept for entries that carry text); None when not kept."""
+        return None
 
     @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...

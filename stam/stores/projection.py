@@ -97,6 +97,14 @@ class VectorProjection:
             out.append(hits[:limit])
         return out
 
+    def scores(self, patient_id: str, version: int, query: np.ndarray) -> tuple[list[str], np.ndarray]:
+        """Cosine of one query vector with every vector of the patient (both stores): (memory ids, scores)."""
+        p = self._get(patient_id, version)
+        if not p.ids:
+            return [], np.zeros(0, dtype=np.float32)
+        q = query.reshape(-1) / max(float(np.linalg.norm(query)), 1e-12)
+        return list(p.ids), p.matrix @ q.astype(np.float32)
+
     def advance(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:

@@ -5,6 +5,8 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
 - ``<prefix>:{<patient>}:ver``     integer version, incremented by every applied entry
 - ``<prefix>:{<patient>}:graph``   igraph snapshot (JSON: vertex names, typed weighted edges)
 - ``<prefix>:{<patient>}:mem``     hash memory_id -> StoredMemory JSON
+- ``<prefix>:{<patient>}:src``     hash entry_id -> entry text, for entries that carry text (source spans
+                                    at read time; not in the transition log, so a rebuild does not restore it)
 - ``<prefix>:{<patient>}:outbox:<entry>``  transitions of an applied entry not yet confirmed delivered
 - ``<prefix>:patients``            set of patient ids (for erasure and export tooling)
 
@@ -97,6 +99,8 @@ class RedisStateStore(StateStore):
                     if c.changed:
                         pipe.hset(self._key(pid, "mem"), mapping={
                             s.memory.memory_id: s.model_dump_json() for s in c.changed})
+                    if c.sources:
+                        pipe.hset(self._key(pid, "src"), mapping={k: v for k, v in c.sources.items()})
                     for entry_id, outbox in c.outboxes.items():
                         pipe.set(self._key(pid, f"outbox:{entry_id}"), outbox)
                     pipe.sadd(f"{self._prefix}:patients", pid)
@@ -134,6 +138,10 @@ class RedisStateStore(StateStore):
     def patients(self) -> list[str]:
         return sorted(p.decode() if isinstance(p, bytes) else p
                       for p in self._r.smembers(f"{self._prefix}:patients"))
+
+    def source_text(self, patient_id: str, entry_id: str) -> str | None:
+        raw = self._r.hget(self._key(patient_id, "src"), entry_id)
+        return raw.decode() if isinstance(raw, bytes) else raw
 
     def erase_patient(self, patient_id: str) -> int:
         keys = list(self._r.scan_iter(match=self._key(patient_id, "*").replace("{", "\\{").replace("}", "\\}")))

@@ -1,0 +1,1116 @@
+"""HL7 v2 messages (ADT, ORU/OUL, ORM/OML/OMG, RDE, RDS, PPR, MDM, VXU, BAR/DFT, REF) -> record entries.
+
+Every message either maps to at least one :class:`RecordEntry` or becomes a :class:`BadInput` (the publisher
+dead-letters it) whose reason starts with the message type, e.g. ``"SIU^S12 scheduling message ..."``. A
+message that carries no clinical fact (scheduling, merges, demographics-only updates, account purges) is a
+bad input, not a silent skip: :func:`parse_message` either returns entries or raises. ``Hl7Result.skipped``
+counts *segments* of mapped messages that were deliberately left out (an OBX with no value, an embedded
+image, a registry-administrative OBX...), by reason.
+
+Rules (documented here because the publisher and the reasoner rely on them):
+
+* Patient id: ``hl7v2:<authority>:<id>`` from the first PID-3 repetition with a non-empty CX.1 that is not a
+  social-security number (CX.5 ``SS``); ``<authority>`` is CX.4's namespace id (HD.1), else its universal id
+  (HD.2), else ``local``; ``:`` in the authority is percent-encoded. A message whose PID-3 yields no such
+  identifier, or that names two different patients, is bad.
+* Times: HL7 DTM ``YYYY[MM[DD[HH[MM[SS[.S...]]]]]][+/-ZZZZ]`` -> aware datetime; a time without an offset is
+  taken as UTC. Up to four fraction digits directly after the seconds (``2004062916460000``) are read as a
+  fraction. A malformed time in a field that is used makes the message bad.
+* Codes: ``LN`` -> LOINC, ``SCT``/``SNOMED`` -> SNOMED CT, ``I10``/``I10C`` -> ICD-10-CM, ``I9``/``I9C`` ->
+  ICD-9-CM, ``RXNORM`` -> RxNorm, ``NDC``, ``CVX``, ``MVX``, ``C4``/``CPT``, ``UCUM``, ``HL7nnnn`` -> the
+  v2 table; any other named system -> ``urn:hl7v2:coding-system:<name>``; a code with no system is local to
+  its sender: ``urn:hl7v2:local:<MSH-3>``.
+* Entry ids: ``hl7v2:<source_ref>:<digest(MSH-10, segment position, mapped content)>``: replaying a message
+  gives the same ids. ``recorded_at`` is MSH-7. ``attributes`` carry ``hl7_message`` (e.g. ``ORU^R01``),
+  ``hl7_control_id``, ``hl7_segment`` and coded, non-identifying details; never names.
+* Mapping by message family: ADT visit events -> ``Encounter`` (PV1; ``Encounter/<PV1-19>``; A03 finished,
+  A05/A14 planned, cancel events A11/A23/A27/A38 ``entered-in-error`` so only that visit is retracted, other
+  events in-progress or finished when PV1-45 is set) plus DG1 ``Condition``, AL1/IAM ``AllergyIntolerance``,
+  PR1 ``Procedure``, OBX ``Observation``; ORU/OUL OBR -> ``DiagnosticReport`` with its OBX; ORM/OML/OMG OBR ->
+  ``ServiceRequest``; RDE RXE (or RXO) -> ``MedicationRequest/<ORC-2|ORC-3>`` (status from ORC-1, else
+  ORC-5; XO/XX/RP/RU with ORC-8 add a ``replaces`` reference); PPR PRB -> ``Condition/<PRB-4>`` (PC3 or
+  PRB-1 DE -> resolved); MDM TXA + text OBX -> ``DocumentReference/<TXA-12>``; VXU RXA -> ``Immunization``
+  (RXA-20 RE/NA -> not-done, RXA-21 D -> entered-in-error). OBX-11 X/N, OBX without a value, and non-text
+  value types (ED, RP...) are skipped; OBX-11 D/W -> entered-in-error; NTE text goes to the entry it follows.
+* Dispenses (RDS RXD) become ``MedicationStatement`` entries (the patient has the drug; category
+  MEDICATION in the coded reasoner) with ``attributes["medication_event"] = "dispense"``.
+* Refused whole (dead letters): SIU scheduling, ADT identity operations (A40/A41/A45/A47...), A29, BAR^P02,
+  unsupported types, and messages whose segments yield no clinical fact (e.g. A28/A31 with PID/PV1 only).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import hl7
+from hl7.exceptions import ParseException
+from pydantic import ValidationError
+
+from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference
+from stam.errors import SourceError
+from stam.ids import digest
+from stam.sources.fhir_ndjson import BadInput
+from stam.sources.fhir_r4 import sort_clinically
+
+SOURCE = "hl7v2"
+
+# What the hl7 library and our mapping can raise on malformed input; all of it becomes SourceError.
+_FAULTS: tuple[type[Exception], ...] = (ParseException, ValueError, TypeError, KeyError, IndexError,
+                                        AttributeError, AssertionError, OverflowError, RecursionError)
+
+
+@dataclass
+class Hl7Result:
+    entries: list[RecordEntry] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Segments of mapped messages left out on purpose, by reason."""
+    bad: list[BadInput] = field(default_factory=list)
+    by_type: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Message type (``ORU^R01``) -> ``messages``, ``mapped``, ``entries``, ``bad``."""
+
+
+class _Hl7Error(SourceError):
+    """A SourceError that remembers the message type it was raised for (for the per-type counts)."""
+
+    def __init__(self, reason: str, message_type: str = "unknown") -> None:
+        super().__init__(reason)
+        self.message_type = message_type
+
+
+# --- code systems -----------------------------------------------------------------------------------------
+
+NDC = "http://hl7.org/fhir/sid/ndc"
+_V2_CLASS = "http://terminology.hl7.org/CodeSystem/v2-0004"
+_SYSTEMS: dict[str, str] = {
+    "LN": CodeSystem.LOINC, "LOINC": CodeSystem.LOINC,
+    "SCT": CodeSystem.SNOMED, "SNOMED": CodeSystem.SNOMED, "SNOMEDCT": CodeSystem.SNOMED,
+    "SNOMED-CT": CodeSystem.SNOMED, "SNOMED CT": CodeSystem.SNOMED,
+    "I10": CodeSystem.ICD10, "I10C": CodeSystem.ICD10, "ICD10": CodeSystem.ICD10, "ICD-10": CodeSystem.ICD10,
+    "ICD10CM": CodeSystem.ICD10, "ICD-10-CM": CodeSystem.ICD10,
+    "I9": CodeSystem.ICD9, "I9C": CodeSystem.ICD9, "I9CM": CodeSystem.ICD9, "ICD9": CodeSystem.ICD9,
+    "ICD-9": CodeSystem.ICD9, "ICD9CM": CodeSystem.ICD9, "ICD-9-CM": CodeSystem.ICD9,
+    "RXNORM": CodeSystem.RXNORM, "CVX": CodeSystem.CVX, "NDC": NDC,
+    "MVX": "http://hl7.org/fhir/sid/mvx", "C4": "http://www.ama-assn.org/go/cpt",
+    "CPT": "http://www.ama-assn.org/go/cpt", "CPT4": "http://www.ama-assn.org/go/cpt",
+    "UCUM": "http://unitsofmeasure.org",
+}
+_CLASS_DISPLAY = {"I": "inpatient", "O": "outpatient", "E": "emergency", "P": "preadmit", "R": "recurring patient",
+                  "B": "obstetrics", "C": "commercial account", "N": "not applicable", "U": "unknown"}
+
+# --- status tables ----------------------------------------------------------------------------------------
+
+# OBX-11 (HL7 table 0085). X (cannot obtain), N (not asked) and O/I without a value carry no result.
+_OBX_STATUS = {"F": "final", "U": "final", "C": "corrected", "A": "amended", "P": "preliminary", "S": "preliminary",
+               "R": "preliminary", "I": "registered", "O": "registered", "D": "entered-in-error",
+               "W": "entered-in-error"}
+_OBX_NO_RESULT = {"X": "result cannot be obtained", "N": "not asked"}
+# OBR-25 (table 0123) for reports.
+_OBR_STATUS = {"F": "final", "C": "corrected", "A": "partial", "P": "preliminary", "R": "preliminary",
+               "S": "partial", "I": "registered", "O": "registered"}
+# ORC-1 order control (table 0119) and ORC-5 order status (table 0038).
+_ORDER_CONTROL = {"NW": "active", "SN": "active", "OK": "active", "XO": "active", "XX": "active", "RP": "active",
+                  "RU": "active", "RL": "active", "RO": "active", "PA": "active", "CA": "cancelled",
+                  "OC": "cancelled", "CR": "cancelled", "DC": "stopped", "OD": "stopped", "DR": "stopped",
+                  "DE": "entered-in-error", "HD": "on-hold", "OH": "on-hold", "HR": "on-hold"}
+_ORDER_STATUS = {"A": "active", "IP": "active", "SC": "active", "CM": "completed", "CA": "cancelled",
+                 "DC": "stopped", "ER": "entered-in-error", "HD": "on-hold"}
+_ENDING = {"cancelled", "stopped", "entered-in-error"}
+_REPLACING_CONTROLS = {"XO", "XX", "RP", "RU"}
+# PRB-14 problem life cycle status -> condition clinical status.
+_LIFE_CYCLE = {"active": "active", "a": "active", "resolved": "resolved", "r": "resolved", "inactive": "inactive",
+               "i": "inactive", "remission": "remission", "recurrence": "recurrence", "relapse": "relapse",
+               "deleted": "resolved", "d": "resolved"}
+# RXA-20 completion status.
+_RXA_STATUS = {"CP": "completed", "PA": "completed", "RE": "not-done", "NA": "not-done"}
+
+# --- message families -------------------------------------------------------------------------------------
+
+# ADT events that describe a visit: status of the Encounter entry (None: in-progress, finished when PV1-45
+# carries a discharge time). Cancel events retract that visit only ("entered-in-error"): "cancelled" would
+# make the coded reasoner end every active encounter of the same class.
+_VISIT_EVENTS: dict[str, str | None] = {
+    "A01": None, "A02": None, "A04": None, "A06": None, "A07": None, "A08": None, "A09": None, "A10": None,
+    "A12": None, "A15": None, "A16": None, "A21": None, "A22": None, "A25": None, "A26": None, "A32": None,
+    "A33": None, "A54": None, "A55": None, "A61": None, "A62": None,
+    "A03": "finished", "A05": "planned", "A14": "planned", "A13": "in-progress",
+    "A11": "entered-in-error", "A23": "entered-in-error", "A27": "entered-in-error", "A38": "entered-in-error",
+}
+_RETRACTING_EVENTS = {"A11", "A23", "A27", "A38"}
+_IDENTITY_EVENTS = {"A18", "A24", "A30", "A34", "A35", "A36", "A37", "A39", "A40", "A41", "A42", "A43", "A44",
+                    "A45", "A46", "A47", "A48", "A49", "A50", "A51"}
+_ADT_EVENT_NAMES = {
+    "A01": "admit/visit notification", "A02": "transfer", "A03": "discharge/end visit", "A04": "register a patient",
+    "A05": "pre-admit", "A06": "change outpatient to inpatient", "A07": "change inpatient to outpatient",
+    "A08": "update patient information", "A09": "patient departing (tracking)", "A10": "patient arriving (tracking)",
+    "A11": "cancel admit/visit", "A12": "cancel transfer", "A13": "cancel discharge", "A14": "pending admit",
+    "A15": "pending transfer", "A16": "pending discharge", "A17": "swap patients", "A20": "bed status update",
+    "A25": "cancel pending discharge", "A26": "cancel pending transfer", "A27": "cancel pending admit",
+    "A28": "add person information", "A29": "delete person information", "A31": "update person information",
+    "A40": "merge patient - patient identifier list", "A41": "merge account - patient account number",
+    "A45": "move visit information - visit number", "A47": "change patient identifier list",
+    "A60": "update allergy information",
+}
+_SEGMENTS: dict[str, frozenset[str]] = {
+    "ADT": frozenset({"PV1", "DG1", "AL1", "IAM", "PR1", "OBX"}),
+    "BAR": frozenset({"DG1", "AL1", "PR1", "OBX"}),
+    "DFT": frozenset({"DG1", "AL1", "PR1", "OBX"}),
+    "REF": frozenset({"DG1", "AL1", "PR1", "OBX"}),
+    "RRI": frozenset({"DG1", "AL1", "PR1", "OBX"}),
+    "ORU": frozenset({"OBR", "OBX"}),
+    "OUL": frozenset({"OBR", "OBX"}),
+    "ORM": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
+    "OML": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
+    "OMG": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
+    "RDE": frozenset({"RXO", "RXE", "AL1", "OBX"}),
+    "RDS": frozenset({"RXD", "OBX"}),
+    "PPR": frozenset({"PRB", "AL1", "OBX"}),
+    "MDM": frozenset({"OBR", "TXA", "OBX"}),
+    "VXU": frozenset({"RXA", "AL1", "OBX"}),
+}
+_REPORT_FAMILIES = {"ORU", "OUL"}
+_NO_CLINICAL_FACTS = {
+    "SIU": "scheduling message (appointment booking/update): appointment data is not a clinical fact",
+    "ACK": "acknowledgement: no clinical facts",
+    "MFN": "master file notification: no patient data",
+    "QRY": "query: no clinical facts",
+    "QBP": "query: no clinical facts",
+}
+_BAR_NO_FACTS = {"P02": "purge patient accounts", "P06": "end account", "P10": "transmit ambulatory payment"}
+
+# Immunization-registry bookkeeping OBX (funding, VIS documents, forecasts) that are no clinical facts.
+_VXU_ADMIN_LOINC = {"64994-7", "30963-3", "69764-9", "29768-9", "29769-7", "30956-7", "30979-9", "30980-7",
+                    "30981-5", "59779-9", "59780-7", "59781-5", "59782-3", "48767-8", "30973-2"}
+_OBX_VALUE_TYPES = {"NM", "SN", "CE", "CWE", "CNE", "CF", "ST", "ID", "IS", "TX", "FT", "DT", "DTM", "TS", "TM",
+                    "NA", "MA", ""}
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_DTM = re.compile(r"(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.?(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?")
+_SEGMENT_ID = re.compile(r"[A-Z][A-Z0-9]{2}")
+_MESSAGE_CODE = re.compile(r"[A-Z0-9_]{2,10}")
+_MSH_START = re.compile(rb"(?:^|(?<=[\r\n]))[\x0b\x1c\s]*(?:\xef\xbb\xbf)?MSH")
+_CHARSETS = {"8859/1": "latin-1", "8859/15": "iso8859-15", "ASCII": "ascii", "UNICODE UTF-8": "utf-8",
+             "UTF-8": "utf-8", "8859/2": "iso8859-2", "8859/5": "iso8859-5", "8859/7": "iso8859-7"}
+_ENVELOPE = {"FHS", "BHS", "BTS", "FTS"}
+_UNESCAPE_MAP = {"H": "", "N": ""}  # highlighting on/off: drop rather than the library's "_"
+_MAX_ID = 120
+_BLANK = b"\x0b\x1c\x00 \t\r\n\xef\xbb\xbf"
+
+Reps = tuple[tuple[tuple[str, ...], ...], ...]
+
+
+# --- one parsed segment -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Seg:
+    """One segment, fields as [field][repetition][component][subcomponent] strings, already unescaped."""
+
+    name: str
+    fields: tuple[Reps, ...]  # fields[0] is the segment id; MSH-n is fields[n] as for every segment
+    pos: int
+
+    def reps(self, n: int) -> Reps:
+        return self.fields[n] if 0 < n < len(self.fields) else ()
+
+    def get(self, n: int, comp: int = 1, sub: int = 1, rep: int = 1) -> str:
+        reps = self.reps(n)
+        if rep > len(reps) or comp > len(reps[rep - 1]):
+            return ""
+        subs = reps[rep - 1][comp - 1]
+        return subs[sub - 1].strip() if sub <= len(subs) else ""
+
+    def text(self, n: int, rep: int = 1) -> str:
+        """A whole repetition as text (components joined with ``^``), for free-text fields."""
+        reps = self.reps(n)
+        if rep > len(reps):
+            return ""
+        return "^".join("&".join(subs) for subs in reps[rep - 1]).strip("^ ")
+
+    def texts(self, n: int) -> list[str]:
+        return [t for t in (self.text(n, i) for i in range(1, len(self.reps(n)) + 1)) if t.strip()]
+
+    def comps(self, n: int, rep: int = 1) -> tuple[tuple[str, ...], ...]:
+        reps = self.reps(n)
+        return reps[rep - 1] if rep <= len(reps) else ()
+
+
+def _comp(comps: Sequence[Sequence[str]], i: int, joined: bool = False) -> str:
+    if i > len(comps):
+        return ""
+    subs = comps[i - 1]
+    return ("&".join(subs) if joined else (subs[0] if subs else "")).strip()
+
+
+# --- low-level helpers ------------------------------------------------------------------------------------
+
+def _safe_id(value: str) -> str:
+    value = " ".join(value.split())
+    return value if len(value) <= _MAX_ID else f"{value[:60]}~{digest(value, size=8)}"
+
+
+def parse_dtm(value: str, where: str) -> datetime | None:
+    """HL7 DTM/TS -> aware datetime (UTC when the value has no offset); '' -> None."""
+    value = value.strip()
+    if not value:
+        return None
+    m = _DTM.fullmatch(value)
+    if m is None:
+        raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}")
+    year, month, day, hour, minute, second, frac, offset = m.groups()
+    try:
+        tz: timezone = UTC
+        if offset:
+            hh, mm = int(offset[1:3]), int(offset[3:5])
+            if hh > 23 or mm > 59:
+                raise ValueError(f"offset {offset} out of range")
+            delta = timedelta(hours=hh, minutes=mm)
+            tz = timezone(-delta if offset[0] == "-" else delta)
+        micro = int((frac or "0").ljust(6, "0")[:6])
+        parsed = datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0),
+                          int(second or 0), micro, tzinfo=tz)
+        parsed.astimezone(UTC)  # out of range once in UTC (year 1 east of Greenwich): refuse it here
+        return parsed
+    except (ValueError, OverflowError) as exc:
+        raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}: {exc}") from exc
+
+
+def _decode(raw: bytes) -> str:
+    data = raw.strip(b"\x0b\x1c\x00 \t\r\n")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"message has a UTF-16 byte order mark but is not UTF-16: {exc}") from exc
+    data = data.removeprefix(b"\xef\xbb\xbf")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    # Not UTF-8: use the character set MSH-18 names, else ISO 8859-1 (the usual legacy default).
+    head = data.split(b"\r", 1)[0].split(b"\n", 1)[0].decode("latin-1")
+    codec = "latin-1"
+    if len(head) > 3:
+        msh = head.split(head[3])
+        if len(msh) > 17:
+            codec = _CHARSETS.get(msh[17].split("~")[0].strip().upper(), "latin-1")
+    try:
+        return data.decode(codec)
+    except UnicodeDecodeError as exc:
+        raise SourceError(f"message is not valid UTF-8 nor valid {codec} (MSH-18): {exc}") from exc
+
+
+def _segments_of(text: str) -> list[_Seg]:
+    lines = [line.strip().lstrip("\ufeff") for line in text.replace("\r\n", "\r").replace("\n", "\r").split("\r")]
+    lines = [line for line in lines if line and line[:3] not in _ENVELOPE]
+    if not lines:
+        raise SourceError("empty message")
+    if not lines[0].startswith("MSH"):
+        raise SourceError(f"the message does not start with an MSH segment (starts with {lines[0][:20]!r})")
+    if sum(1 for line in lines if line.startswith("MSH")) > 1:
+        raise SourceError("more than one MSH segment: one message per call (load_hl7 splits files on MSH)")
+    head = lines[0]
+    if len(head) < 8:
+        raise SourceError(f"MSH segment too short: {head!r}")
+    sep = head[3]
+    end = head.find(sep, 4)
+    encoding = head[4:end] if end > 0 else ""
+    if (sep.isalnum() or sep.isspace() or end < 0 or not 2 <= len(encoding) <= 5
+            or len(set(encoding + sep)) != len(encoding) + 1 or any(c.isalnum() or c.isspace() for c in encoding)):
+        raise SourceError(f"MSH-1/MSH-2 separators {head[3:9]!r} are invalid")
+    message = hl7.parse("\r".join(lines))
+
+    def unescape(leaf: Any) -> str:
+        return str(message.unescape(str(leaf), _UNESCAPE_MAP)).replace("\r", "\n")
+
+    out: list[_Seg] = []
+    for pos, seg in enumerate(message):
+        name = str(seg[0][0]) if len(seg) and len(seg[0]) else ""
+        if not _SEGMENT_ID.fullmatch(name):
+            raise SourceError(f"segment {pos + 1} has an invalid segment id {name[:10]!r}")
+        fields: list[Reps] = [((((name,),),))]
+        for index, fld in enumerate(seg[1:], start=1):
+            if name == "MSH" and index in (1, 2):
+                fields.append((((str(fld[0]),),),))
+                continue
+            reps: list[tuple[tuple[str, ...], ...]] = []
+            for rep in fld:
+                if isinstance(rep, str):
+                    reps.append(((unescape(rep),),))
+                    continue
+                reps.append(tuple((unescape(c),) if isinstance(c, str) else tuple(unescape(s) for s in c)
+                                  for c in rep))
+            fields.append(tuple(reps))
+        out.append(_Seg(name, tuple(fields), pos))
+    return out
+
+
+def split_messages(data: bytes) -> list[bytes]:
+    """The messages of a file (split where a segment starts with MSH), original bytes kept."""
+    starts = [m.start() for m in _MSH_START.finditer(data)]
+    if not starts:
+        return [data] if data.strip(_BLANK) else []
+    prefix = data[:starts[0]]
+    if not any(line.strip(_BLANK) and line.strip(_BLANK)[:3] not in (b"FHS", b"BHS")
+               for line in re.split(rb"[\r\n]", prefix)):
+        starts[0] = 0  # a BOM, MLLP start byte or batch header travels with the first message
+    else:
+        starts.insert(0, 0)  # anything else before the first MSH is a unit of its own (a dead letter)
+    return [data[a:b] for a, b in zip(starts, [*starts[1:], len(data)], strict=True)]
+
+
+# --- mapping ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Spec:
+    """An entry under construction (mutable until the message is finished)."""
+
+    pos: int
+    segment: str
+    resource_type: str
+    source_ref: str | None
+    codes: list[Coding]
+    status: str | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    text: list[str] = field(default_factory=list)
+    value: Quantity | None = None
+    dosage: str | None = None
+    refs: list[Reference] = field(default_factory=list)
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Group:
+    """Segments from one ORC to the next (an order with its pharmacy/immunization detail)."""
+
+    orc: _Seg | None = None
+    segs: list[_Seg] = field(default_factory=list)
+
+
+class _Mapper:
+    def __init__(self, segs: list[_Seg]) -> None:
+        self.segs = segs
+        msh = segs[0]
+        code, event = msh.get(9, 1).upper(), msh.get(9, 2).upper()
+        self.mtype = "unknown"
+        if not _MESSAGE_CODE.fullmatch(code):
+            raise SourceError(f"MSH-9 message type {msh.text(9)[:20]!r} is missing or invalid")
+        if event and not _MESSAGE_CODE.fullmatch(event):
+            raise SourceError(f"MSH-9 trigger event {event[:20]!r} is invalid")
+        self.code, self.event = code, event
+        self.mtype = f"{code}^{event}" if event else code
+        self.control_id = msh.get(10) or "sha:" + digest("\r".join(repr(s.fields) for s in segs))
+        self.sender = msh.get(3) or "unknown"
+        self.recorded = parse_dtm(msh.get(7), "MSH-7")
+        self.base: dict[str, Any] = {"hl7_message": self.mtype, "hl7_control_id": self.control_id[:200]}
+        if msh.get(12):
+            self.base["hl7_version"] = msh.get(12)[:20]
+        self.specs: list[_Spec] = []
+        self.skipped: dict[str, int] = {}
+        self.patient_id = ""
+        self.visit: str | None = None
+        self.encounter_reasons: list[Coding] = []
+
+    # -- helpers -------------------------------------------------------------------------------------------
+
+    def skip(self, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+
+    def system(self, name: str) -> str:
+        key = name.strip()
+        if not key:
+            return f"urn:hl7v2:local:{quote(self.sender, safe='')}"
+        if key.upper() in _SYSTEMS:
+            return _SYSTEMS[key.upper()]
+        m = re.fullmatch(r"HL7(\d{4})", key.upper())
+        if m:
+            return f"http://terminology.hl7.org/CodeSystem/v2-{m[1]}"
+        return f"urn:hl7v2:coding-system:{quote(key, safe='')}"
+
+    def codings(self, comps: Sequence[Sequence[str]], default_system: str = "") -> list[Coding]:
+        """CWE/CE/CNE -> codings: the identifier triplet, the alternate one, the second alternate (2.7+)."""
+        out: list[Coding] = []
+        for code_i, text_i, sys_i in ((1, 2, 3), (4, 5, 6), (10, 11, 12)):
+            code = _comp(comps, code_i)
+            if not code:
+                continue
+            display = _comp(comps, text_i, joined=True) or (_comp(comps, 9, joined=True) if code_i == 1 else "")
+            system = self.system(_comp(comps, sys_i) or (default_system if code_i == 1 else ""))
+            coding = Coding(system=system, code=code, display=display or None)
+            if all((c.system, c.code) != (coding.system, coding.code) for c in out):
+                out.append(coding)
+        return out
+
+    def time(self, seg: _Seg, n: int) -> datetime | None:
+        return parse_dtm(seg.get(n), f"{seg.name}-{n}")
+
+    def first_time(self, *candidates: tuple[_Seg | None, int]) -> datetime | None:
+        for seg, n in candidates:
+            if seg is not None and seg.get(n):
+                return self.time(seg, n)
+        return None
+
+    def fallback_ref(self, rtype: str, *parts: str) -> str:
+        return f"{rtype}/hl7v2-{digest(self.patient_id, *parts, size=8)}"
+
+    def add(self, spec: _Spec) -> _Spec:
+        self.specs.append(spec)
+        return spec
+
+    @staticmethod
+    def concept(c: Coding) -> str:
+        return f"concept:{c.system}|{c.code}"
+
+    # -- patient -------------------------------------------------------------------------------------------
+
+    def patient(self) -> str:
+        pids = [s for s in self.segs if s.name == "PID"]
+        if not pids:
+            raise SourceError("no PID segment: the message names no patient")
+        ids = {self._patient_id(p) for p in pids}
+        if len(ids) > 1:
+            raise SourceError(f"{len(pids)} PID segments name {len(ids)} different patients; one message, one patient")
+        return ids.pop()
+
+    @staticmethod
+    def _patient_id(pid: _Seg) -> str:
+        reps = pid.reps(3)
+        if not any(_comp(rep, 1) for rep in reps):
+            raise SourceError("PID-3 (patient identifier list) is empty")
+        for rep in reps:
+            number = _comp(rep, 1)
+            if not number or _comp(rep, 5).upper() == "SS":
+                continue
+            authority = rep[3] if len(rep) > 3 else ()
+            name = next((s.strip() for s in authority[:2] if s.strip()), "local")
+            return f"hl7v2:{_safe_id(name).replace(':', '%3A')}:{_safe_id(number)}"
+        raise SourceError("PID-3 holds only social-security numbers (CX.5 SS), no usable patient identifier")
+
+    # -- the message ---------------------------------------------------------------------------------------
+
+    def run(self) -> list[RecordEntry]:
+        reason = self.refusal()
+        if reason:
+            raise SourceError(f"{self.mtype} {reason}")
+        self.patient_id = self.patient()
+        pv1 = next((s for s in self.segs if s.name == "PV1"), None)
+        pv2 = next((s for s in self.segs if s.name == "PV2"), None)
+        if pv1 is not None and pv1.get(19):
+            self.visit = _safe_id(pv1.get(19))
+        if pv2 is not None:
+            self.encounter_reasons = self.codings(pv2.comps(3))
+        self.walk(_SEGMENTS[self.code])
+        if not self.specs:
+            present = sorted({s.name for s in self.segs[1:]})
+            detail = f"; left out: {', '.join(sorted(self.skipped))}" if self.skipped else ""
+            raise SourceError(f"{self.mtype} ({self.describe()}) carries no clinical facts to map "
+                              f"(segments: {' '.join(present)}){detail}")
+        return [self.finish(spec) for spec in self.specs]
+
+    def describe(self) -> str:
+        if self.code == "ADT":
+            return _ADT_EVENT_NAMES.get(self.event, "ADT event")
+        return {"BAR": "billing account", "DFT": "financial transaction", "ORU": "results", "OUL": "lab results",
+                "ORM": "order", "OML": "lab order", "OMG": "general order", "RDE": "pharmacy order",
+                "RDS": "pharmacy dispense", "PPR": "problem", "MDM": "document", "VXU": "immunization",
+                "REF": "referral", "RRI": "referral response"}.get(self.code, "message")
+
+    def refusal(self) -> str | None:
+        """Why a whole message type carries no clinical fact (None: map it)."""
+        if self.code in _NO_CLINICAL_FACTS:
+            return _NO_CLINICAL_FACTS[self.code]
+        if self.code not in _SEGMENTS:
+            return f"message type {self.code} is not supported by the HL7 v2 source (no clinical mapping)"
+        if self.code == "ADT" and self.event in _IDENTITY_EVENTS:
+            return (f"({_ADT_EVENT_NAMES.get(self.event, 'merge/link/move')}) is an identity operation on patient "
+                    "identifiers: no clinical facts")
+        if self.code == "ADT" and self.event == "A29":
+            return "(delete person information) removes a person record: no clinical facts to map"
+        if self.code == "BAR" and self.event in _BAR_NO_FACTS:
+            return f"({_BAR_NO_FACTS[self.event]}) is an account operation: no clinical facts"
+        return None
+
+    def walk(self, enabled: frozenset[str]) -> None:
+        group = _Group()
+        obr: _Spec | None = None  # the report (ORU) or order (ORM) the next OBX/NTE belong to
+        obr_seg: _Seg | None = None
+        note_target: _Spec | None = None
+        retracting = self.code == "ADT" and self.event in _RETRACTING_EVENTS
+        document: list[_Seg] = []
+        for seg in self.segs[1:]:
+            name = seg.name
+            if name == "ORC":
+                self.close(group, enabled)
+                group, obr, obr_seg = _Group(orc=seg), None, None
+            group.segs.append(seg)
+            if name == "NTE":
+                if note_target is not None:
+                    note_target.text.extend(seg.texts(3))
+                continue
+            if name != "PRT":
+                note_target = None
+            if name not in enabled:
+                continue
+            if retracting and name != "PV1":
+                self.skip(f"ADT^{self.event} cancel event: {name} not mapped")
+                continue
+            if name == "PV1":
+                self.encounter(seg)
+            elif name == "DG1":
+                note_target = self.diagnosis(seg)
+            elif name == "AL1":
+                self.allergy(seg)
+            elif name == "IAM":
+                self.allergy_iam(seg)
+            elif name == "PR1":
+                self.procedure(seg)
+            elif name == "PRB":
+                note_target = self.problem(seg)
+            elif name == "OBR":
+                obr_seg = seg
+                obr = self.report(seg, group) if self.code in _REPORT_FAMILIES else self.order(seg, group)
+                note_target = obr
+            elif name == "OBX":
+                if self.code == "MDM":
+                    document.append(seg)
+                else:
+                    note_target = self.observation(seg, obr, obr_seg)
+            elif name == "TXA":
+                document.insert(0, seg)
+        self.close(group, enabled)
+        if document and document[0].name == "TXA":
+            self.document(document[0], document[1:])
+        self.link_reasons()
+
+    # -- ADT -----------------------------------------------------------------------------------------------
+
+    def encounter(self, pv1: _Seg) -> None:
+        if self.code != "ADT" or self.event not in _VISIT_EVENTS:
+            if self.code == "ADT":
+                self.skip(f"ADT^{self.event or '?'} is not a visit event: PV1 not mapped as an encounter")
+            return
+        klass = pv1.get(2).upper()
+        codes = [Coding(system=_V2_CLASS, code=klass, display=_CLASS_DISPLAY.get(klass))] if klass else []
+        if not codes:
+            self.skip("PV1 without a patient class (PV1-2): no encounter")
+            return
+        evn = next((s for s in self.segs if s.name == "EVN"), None)
+        pv2 = next((s for s in self.segs if s.name == "PV2"), None)
+        end = self.time(pv1, 45)
+        start = self.time(pv1, 44)
+        if start is None:
+            start = self.first_time((pv2, 8), (evn, 6), (evn, 2))
+            if start is not None and end is not None and start > end:
+                start = None  # the event time is no admit time when it falls after the discharge
+        status = _VISIT_EVENTS[self.event]
+        if status is None:
+            status = "finished" if end is not None else "in-progress"
+        if self.event == "A13":
+            end = None  # discharge cancelled
+        ref = (f"Encounter/{self.visit}" if self.visit
+               else self.fallback_ref("Encounter", klass, pv1.get(44) or self.control_id))
+        attrs: dict[str, Any] = {"hl7_event": self.event}
+        for key, n in (("admission_type", 4), ("hospital_service", 10), ("discharge_disposition", 36)):
+            if pv1.get(n):
+                attrs[key] = pv1.get(n)[:64]
+        spec = self.add(_Spec(pv1.pos, "PV1", "Encounter", ref, codes, status, start, end, attrs=attrs))
+        spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.encounter_reasons)
+
+    def diagnosis(self, dg1: _Seg) -> _Spec | None:
+        codes = self.codings(dg1.comps(3), default_system=dg1.get(2))
+        text = dg1.text(4)
+        if not codes and not text:
+            self.skip("DG1 without a diagnosis code or description")
+            return None
+        status = "entered-in-error" if dg1.get(21).upper() == "D" else "active"
+        key = codes[0] if codes else None
+        ref = (f"Condition/{_safe_id(dg1.get(20))}" if dg1.get(20)
+               else self.fallback_ref("Condition", self.visit or "", key.system if key else "",
+                                      key.code if key else text))
+        attrs: dict[str, Any] = {}
+        if dg1.get(6):
+            attrs["diagnosis_type"] = dg1.get(6)[:32]
+        return self.add(_Spec(dg1.pos, "DG1", "Condition", ref, codes, status, self.time(dg1, 5),
+                              text=[] if codes else [text], attrs=attrs))
+
+    def allergy(self, al1: _Seg) -> None:
+        codes = self.codings(al1.comps(3))
+        if not codes:
+            self.skip("AL1 without an allergen code (AL1-3)")
+            return
+        attrs: dict[str, Any] = {}
+        for key, n in (("allergen_type", 2), ("severity", 4)):
+            if al1.get(n):
+                attrs[key] = al1.get(n)[:32]
+        if al1.texts(5):
+            attrs["reaction"] = "; ".join(al1.texts(5))[:200]
+        ref = self.fallback_ref("AllergyIntolerance", codes[0].system, codes[0].code)
+        self.add(_Spec(al1.pos, "AL1", "AllergyIntolerance", ref, codes, "active", self.time(al1, 6), attrs=attrs))
+
+    def allergy_iam(self, iam: _Seg) -> None:
+        codes = self.codings(iam.comps(3))
+        if not codes:
+            self.skip("IAM without an allergen code (IAM-3)")
+            return
+        action, verification = iam.get(6).upper(), iam.get(17).upper()
+        status = "entered-in-error" if verification == "E" else "inactive" if action == "D" else "active"
+        ref = (f"AllergyIntolerance/{_safe_id(iam.get(7))}" if iam.get(7)
+               else self.fallback_ref("AllergyIntolerance", codes[0].system, codes[0].code))
+        attrs: dict[str, Any] = {"hl7_action": action} if action else {}
+        for key, n in (("allergen_type", 2), ("severity", 4)):
+            if iam.get(n):
+                attrs[key] = iam.get(n)[:32]
+        reactions = [s.get(1, 2) or s.get(1) for s in self.segs if s.name == "IAR" and s.pos > iam.pos]
+        if reactions:
+            attrs["reaction"] = "; ".join(r for r in reactions if r)[:200]
+        start = self.first_time((iam, 11), (iam, 13))
+        self.add(_Spec(iam.pos, "IAM", "AllergyIntolerance", ref, codes, status, start, attrs=attrs))
+
+    def procedure(self, pr1: _Seg) -> None:
+        codes = self.codings(pr1.comps(3), default_system=pr1.get(2))
+        text = pr1.text(4)
+        if not codes and not text:
+            self.skip("PR1 without a procedure code or description")
+            return
+        status = "entered-in-error" if pr1.get(20).upper() == "D" else "completed"
+        key = codes[0] if codes else None
+        ref = (f"Procedure/{_safe_id(pr1.get(19))}" if pr1.get(19)
+               else self.fallback_ref("Procedure", key.system if key else "", key.code if key else text, pr1.get(5)))
+        spec = self.add(_Spec(pr1.pos, "PR1", "Procedure", ref, codes, status, self.time(pr1, 5),
+                              text=[] if codes else [text]))
+        spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.codings(pr1.comps(15)))
+
+    # -- problems (PPR) ------------------------------------------------------------------------------------
+
+    def problem(self, prb: _Seg) -> _Spec | None:
+        codes = self.codings(prb.comps(3))
+        if not codes:
+            self.skip("PRB without a problem code (PRB-3)")
+            return None
+        action = prb.get(1).upper()
+        life = (prb.get(14) or prb.get(14, 2)).lower()
+        if not life and prb.get(13).lower() in _LIFE_CYCLE and len(prb.get(13)) > 1:
+            life = prb.get(13).lower()  # v2.3.1 senders that put the life cycle one field early
+        # A problem deleted from the list (PC3 or PRB-1 DE) is resolved, not retracted (issue rule).
+        status = "resolved" if action == "DE" or self.event == "PC3" else _LIFE_CYCLE.get(life, "active")
+        start = self.first_time((prb, 16), (prb, 7), (prb, 2))
+        end = self.time(prb, 9)
+        if status == "resolved" and end is None:
+            end = self.time(prb, 2)
+        if start is not None and end is not None and end < start:
+            end = start
+        ref = (f"Condition/{_safe_id(prb.get(4))}" if prb.get(4)
+               else self.fallback_ref("Condition", codes[0].system, codes[0].code))
+        attrs: dict[str, Any] = {"hl7_action": action} if action else {}
+        if life:
+            attrs["problem_life_cycle"] = life[:32]
+        return self.add(_Spec(prb.pos, "PRB", "Condition", ref, codes, status, start, end, attrs=attrs))
+
+    # -- results -------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def order_number(*candidates: tuple[_Seg | None, int]) -> str:
+        for seg, n in candidates:
+            if seg is not None and seg.get(n):
+                return _safe_id(seg.get(n))
+        return ""
+
+    def report(self, obr: _Seg, group: _Group) -> _Spec | None:
+        codes = self.codings(obr.comps(4))
+        result = obr.get(25).upper()
+        if not codes:
+            self.skip("OBR without a service code (OBR-4): no report")
+            return None
+        if result == "X":
+            self.skip("OBR-25 X: no results, procedure cancelled")
+            return None
+        number = self.order_number((obr, 3), (obr, 2), (group.orc, 3), (group.orc, 2))
+        ref = (f"DiagnosticReport/{number}" if number
+               else self.fallback_ref("DiagnosticReport", codes[0].system, codes[0].code, obr.get(7)))
+        spec = self.add(_Spec(obr.pos, "OBR", "DiagnosticReport", ref, codes, _OBR_STATUS.get(result),
+                              self.time(obr, 7), attrs={"order_number": number} if number else {}))
+        placer = self.order_number((obr, 2), (group.orc, 2))
+        if placer:  # the order this report answers (ServiceRequest/<placer> from ORM/OML)
+            spec.refs.append(Reference(role="based-on", target=f"ServiceRequest/{placer}"))
+        return spec
+
+    def observation(self, obx: _Seg, parent: _Spec | None, obr: _Seg | None) -> _Spec | None:
+        codes = self.codings(obx.comps(3))
+        vtype, flag = obx.get(2).upper(), obx.get(11).upper()
+        if not codes:
+            self.skip("OBX without an observation code (OBX-3)")
+            return None
+        if self.code == "VXU" and codes[0].system == CodeSystem.LOINC and codes[0].code in _VXU_ADMIN_LOINC:
+            self.skip("VXU OBX: immunization-registry administrative observation (funding, VIS, forecast)")
+            return None
+        if flag in _OBX_NO_RESULT:
+            self.skip(f"OBX-11 {flag}: {_OBX_NO_RESULT[flag]}")
+            return None
+        if vtype not in _OBX_VALUE_TYPES:
+            self.skip(f"OBX-2 {vtype}: value type not mapped (no clinical text or number)")
+            return None
+        status = _OBX_STATUS.get(flag)
+        has_value = any(s.strip() for rep in obx.reps(5) for comp in rep for s in comp)
+        if not has_value and status != "entered-in-error":
+            self.skip("OBX without a value (OBX-5 empty)")
+            return None
+        value, text = self.obx_value(obx, vtype)
+        start = self.first_time((obx, 14), (obr, 7))
+        number = parent.attrs.get("order_number", "") if parent is not None else ""
+        sub = ".".join(s for s in (_comp(c, 1) for c in obx.comps(4)) if s)
+        key = codes[0]
+        ref = (f"Observation/{number}-{_safe_id(key.code)}" + (f"-{_safe_id(sub)}" if sub else "") if number
+               else self.fallback_ref("Observation", key.system, key.code, sub, obx.get(14) or (obr.get(7) if obr else "")))
+        attrs: dict[str, Any] = {}
+        if obx.get(7):
+            attrs["reference_range"] = obx.text(7)[:64]
+        flags = [f for f in (obx.get(8, rep=i) for i in range(1, len(obx.reps(8)) + 1)) if f]
+        if flags:
+            attrs["abnormal_flags"] = ",".join(flags)[:32]
+        spec = self.add(_Spec(obx.pos, "OBX", "Observation", ref, codes, status, start, value=value,
+                              text=[text] if text else [], attrs=attrs))
+        if parent is not None and parent.source_ref:
+            spec.refs.append(Reference(role="part-of", target=parent.source_ref))
+            if parent.resource_type == "DiagnosticReport":
+                parent.refs.append(Reference(role="has-member", target=ref))
+        return spec
+
+    def obx_value(self, obx: _Seg, vtype: str) -> tuple[Quantity | None, str]:
+        unit = obx.get(6, 2) or obx.get(6, 1) or None
+        if vtype in ("TX", "FT"):
+            return None, "\n".join(obx.texts(5)).strip()
+        if vtype == "NM":
+            raw = obx.get(5)
+            if _NUMBER.fullmatch(raw):
+                return Quantity(value=float(raw), unit=unit), ""
+            return (Quantity(text=raw, unit=unit) if raw else None), ""
+        if vtype == "SN":
+            comparator, num1, sep, num2 = (obx.get(5, i) for i in (1, 2, 3, 4))
+            if comparator in ("", "=") and not sep and not num2 and _NUMBER.fullmatch(num1):
+                return Quantity(value=float(num1), unit=unit), ""
+            shown = f"{comparator}{num1}{sep}{num2}".strip()
+            return (Quantity(text=shown, unit=unit) if shown else None), ""
+        if vtype in ("CE", "CWE", "CNE", "CF"):
+            shown = "; ".join(c for c in (_comp(rep, 2, True) or _comp(rep, 9, True) or _comp(rep, 1, True)
+                                          for rep in obx.reps(5)) if c)
+            return (Quantity(text=shown) if shown else None), ""
+        shown = "; ".join(obx.texts(5))
+        return (Quantity(text=shown, unit=unit if vtype in ("NA", "MA") else None) if shown else None), ""
+
+    # -- orders --------------------------------------------------------------------------------------------
+
+    def order_status(self, orc: _Seg | None, obr: _Seg | None = None) -> str:
+        control = orc.get(1).upper() if orc is not None else ""
+        by_control = _ORDER_CONTROL.get(control)
+        if by_control in _ENDING:
+            return by_control or "active"
+        if orc is not None and orc.get(5).upper() in _ORDER_STATUS:
+            return _ORDER_STATUS[orc.get(5).upper()]
+        if obr is not None and obr.get(25).upper() in ("F", "C"):
+            return "completed"
+        return by_control or "active"
+
+    def order(self, obr: _Seg, group: _Group) -> _Spec | None:
+        codes = self.codings(obr.comps(4))
+        if not codes:
+            self.skip("OBR without a service code (OBR-4): no order")
+            return None
+        orc = group.orc
+        tq1 = next((s for s in group.segs if s.name == "TQ1"), None)
+        start = self.first_time((tq1, 7), (obr, 7), (obr, 6), (orc, 15), (orc, 9))
+        number = self.order_number((orc, 2), (obr, 2), (orc, 3), (obr, 3))
+        ref = (f"ServiceRequest/{number}" if number
+               else self.fallback_ref("ServiceRequest", codes[0].system, codes[0].code, obr.get(7) or obr.get(6)))
+        attrs: dict[str, Any] = {"order_number": number} if number else {}
+        if orc is not None and orc.get(1):
+            attrs["order_control"] = orc.get(1)[:8]
+        spec = self.add(_Spec(obr.pos, "OBR", "ServiceRequest", ref, codes, self.order_status(orc, obr), start,
+                              attrs=attrs))
+        for i in range(1, len(obr.reps(31)) + 1):
+            spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.codings(obr.comps(31, i)))
+        return spec
+
+    def close(self, group: _Group, enabled: frozenset[str]) -> None:
+        """Pharmacy and immunization detail: known only once the whole ORC group has been read."""
+        rxe = next((s for s in group.segs if s.name == "RXE"), None)
+        rxo = next((s for s in group.segs if s.name == "RXO"), None)
+        if "RXE" in enabled and (rxe is not None or rxo is not None):
+            self.medication_request(group, rxe, rxo)
+        if "RXD" in enabled:
+            for rxd in (s for s in group.segs if s.name == "RXD"):
+                self.dispense(group, rxd, rxe)
+        if "RXA" in enabled:
+            for rxa in (s for s in group.segs if s.name == "RXA"):
+                self.immunization(group, rxa)
+
+    def after(self, group: _Group, anchor: _Seg, name: str) -> _Seg | None:
+        """The first ``name`` segment after ``anchor`` in the group, else the first one in the group."""
+        found = [s for s in group.segs if s.name == name]
+        return next((s for s in found if s.pos > anchor.pos), found[0] if found else None)
+
+    def dosage(self, group: _Group, anchor: _Seg, amount: tuple[str, str, str], instructions: list[str],
+               rate: tuple[str, str] = ("", "")) -> str | None:
+        low, high, unit = amount
+        head = [f"{low}-{high}" if low and high else low, unit] if low else []
+        if rate[0]:
+            head += ["at", rate[0], rate[1]]
+        rxr = self.after(group, anchor, "RXR")
+        if rxr is not None and (rxr.get(1, 2) or rxr.get(1)):
+            head.append(rxr.get(1, 2) or rxr.get(1))
+        tq1 = self.after(group, anchor, "TQ1")
+        if tq1 is not None and tq1.get(3):
+            head.append(tq1.get(3, 1, 2) or tq1.get(3))
+        parts = [" ".join(p for p in head if p)] + instructions
+        text = "; ".join(p for p in parts if p.strip())
+        return text[:500] or None
+
+    def medication_request(self, group: _Group, rxe: _Seg | None, rxo: _Seg | None) -> None:
+        seg = rxe if rxe is not None else rxo
+        assert seg is not None
+        codes = self.codings(rxe.comps(2)) if rxe is not None else []
+        if not codes and rxo is not None:
+            codes = self.codings(rxo.comps(1))
+        if not codes:
+            self.skip(f"{seg.name} without a drug code (RXE-2/RXO-1)")
+            return
+        orc = group.orc
+        tq1 = self.after(group, seg, "TQ1")
+        if rxe is not None:
+            amount = (rxe.get(3), rxe.get(4), rxe.get(5, 2) or rxe.get(5))
+            instructions = [t for t in (rxe.get(7, 2, rep=i) or rxe.get(7, rep=i) for i in range(1, len(rxe.reps(7)) + 1))
+                            if t]
+            dosage = self.dosage(group, seg, amount, instructions, (rxe.get(23), rxe.get(24, 2) or rxe.get(24)))
+            start = self.first_time((tq1, 7))
+            if start is None and rxe.get(1, 4):  # RXE-1 (TQ, before v2.5): component 4 is the start
+                start = parse_dtm(rxe.get(1, 4), "RXE-1.4")
+            if start is None:
+                start = self.first_time((orc, 15), (orc, 9))
+            end = self.first_time((tq1, 8))
+            if end is None and rxe.get(1, 5):
+                end = parse_dtm(rxe.get(1, 5), "RXE-1.5")
+        else:
+            assert rxo is not None
+            amount = (rxo.get(2), rxo.get(3), rxo.get(4, 2) or rxo.get(4))
+            instructions = [t for t in (rxo.get(7, 2) or rxo.get(7), rxo.get(6, 2) or rxo.get(6)) if t]
+            dosage = self.dosage(group, seg, amount, instructions)
+            start = self.first_time((tq1, 7), (orc, 15), (orc, 9))
+            end = self.first_time((tq1, 8))
+        number = self.order_number((orc, 2), (orc, 3), (rxe, 15))
+        ref = (f"MedicationRequest/{number}" if number
+               else self.fallback_ref("MedicationRequest", codes[0].system, codes[0].code, orc.get(9) if orc else ""))
+        control = orc.get(1).upper() if orc is not None else ""
+        attrs: dict[str, Any] = {"order_number": number} if number else {}
+        if control:
+            attrs["order_control"] = control[:8]
+        spec = self.add(_Spec(seg.pos, seg.name, "MedicationRequest", ref, codes, self.order_status(orc), start, end,
+                              dosage=dosage, attrs=attrs))
+        parent = orc.get(8) if orc is not None else ""
+        if control in _REPLACING_CONTROLS and parent and f"MedicationRequest/{_safe_id(parent)}" != ref:
+            spec.refs.append(Reference(role="replaces", target=f"MedicationRequest/{_safe_id(parent)}"))
+
+    def dispense(self, group: _Group, rxd: _Seg, rxe: _Seg | None) -> None:
+        codes = self.codings(rxd.comps(2))
+        if not codes:
+            self.skip("RXD without a dispensed drug code (RXD-2)")
+            return
+        orc = group.orc
+        instructions = [t for t in (rxd.get(9, 2) or rxd.get(9),) if t]
+        if rxe is not None:
+            instructions = [t for t in (rxe.get(7, 2, rep=i) or rxe.get(7, rep=i) for i in range(1, len(rxe.reps(7)) + 1))
+                            if t] + instructions
+        amount = (rxe.get(3), rxe.get(4), rxe.get(5, 2) or rxe.get(5)) if rxe is not None else ("", "", "")
+        dosage = self.dosage(group, rxd, amount, instructions)
+        number = self.order_number((rxd, 7), (orc, 2), (orc, 3))
+        ref = (f"MedicationStatement/dispense-{number}-{_safe_id(rxd.get(1) or '1')}" if number
+               else self.fallback_ref("MedicationStatement", codes[0].system, codes[0].code, rxd.get(3)))
+        attrs: dict[str, Any] = {"medication_event": "dispense"}
+        if rxd.get(4):
+            attrs["dispense_quantity"] = " ".join(p for p in (rxd.get(4), rxd.get(5, 2) or rxd.get(5)) if p)[:64]
+        status = self.order_status(orc)
+        self.add(_Spec(rxd.pos, "RXD", "MedicationStatement", ref, codes, status, self.time(rxd, 3), dosage=dosage,
+                       attrs=attrs))
+
+    def immunization(self, group: _Group, rxa: _Seg) -> None:
+        codes = self.codings(rxa.comps(5))
+        if not codes:
+            self.skip("RXA without a vaccine code (RXA-5)")
+            return
+        status = "entered-in-error" if rxa.get(21).upper() == "D" else _RXA_STATUS.get(rxa.get(20).upper(), "completed")
+        start, end = self.time(rxa, 3), self.time(rxa, 4)
+        if start is not None and end is not None and end < start:
+            end = None
+        amount = rxa.get(6)
+        if amount in ("999", "999.0"):  # CDC guide: 999 = amount unknown
+            amount = ""
+        route = self.after(group, rxa, "RXR")
+        head = [amount, rxa.get(7, 2) or rxa.get(7) if amount else ""]
+        if route is not None and route.pos > rxa.pos:
+            head += [route.get(1, 2) or route.get(1), route.get(2, 2) or route.get(2)]
+        dosage = " ".join(p for p in head if p)[:200] or None
+        orc = group.orc
+        number = self.order_number((orc, 3), (orc, 2))
+        ref = (f"Immunization/{number}" if number
+               else self.fallback_ref("Immunization", codes[0].system, codes[0].code, rxa.get(3)))
+        attrs: dict[str, Any] = {}
+        for key, value in (("lot_number", rxa.get(15)), ("manufacturer", rxa.get(17, 2) or rxa.get(17)),
+                           ("information_source", rxa.get(9, 2) if rxa.get(9) == "01" else ""),
+                           ("completion_status", rxa.get(20)), ("refusal_reason", rxa.get(18, 2) or rxa.get(18))):
+            if value:
+                attrs[key] = value[:64]
+        self.add(_Spec(rxa.pos, "RXA", "Immunization", ref, codes, status, start, end, dosage=dosage, attrs=attrs))
+
+    # -- documents (MDM) -----------------------------------------------------------------------------------
+
+    def document(self, txa: _Seg, obxs: list[_Seg]) -> None:
+        parts: list[str] = []
+        for obx in obxs:
+            vtype = obx.get(2).upper()
+            if vtype in ("TX", "FT", "ST", "CE", "CWE"):
+                parts.extend(obx.texts(5))
+            else:
+                self.skip(f"MDM OBX-2 {vtype or '(empty)'}: document content not text (not mapped)")
+        text = "\n".join(p.strip() for p in parts if p.strip())
+        if not text:
+            self.skip(f"MDM^{self.event or '?'}: document notification without content (no TX/FT OBX)")
+            return
+        availability = txa.get(19).upper()
+        status = ("entered-in-error" if self.event == "T11" or availability == "CA"
+                  else "superseded" if availability == "OB" else "current")
+        number = txa.get(12)
+        ref = (f"DocumentReference/{_safe_id(number)}" if number
+               else self.fallback_ref("DocumentReference", txa.get(4) or txa.get(6), text[:200]))
+        attrs: dict[str, Any] = {}
+        for key, n in (("document_type", 2), ("completion_status", 17), ("availability_status", 19)):
+            if txa.get(n):
+                attrs[key] = txa.get(n)[:32]
+        if txa.get(13):
+            attrs["parent_document"] = _safe_id(txa.get(13))
+        spec = self.add(_Spec(txa.pos, "TXA", "DocumentReference", ref, [], status,
+                              self.first_time((txa, 4), (txa, 6)), text=[text], attrs=attrs))
+        if self.event in ("T09", "T10") and txa.get(13):
+            spec.refs.append(Reference(role="replaces", target=f"DocumentReference/{_safe_id(txa.get(13))}"))
+
+    # -- finishing -----------------------------------------------------------------------------------------
+
+    def link_reasons(self) -> None:
+        """Orders point at the diagnoses of their message; an encounter at the diagnoses of its visit."""
+        conditions = [s.source_ref for s in self.specs if s.segment == "DG1" and s.source_ref]
+        for spec in self.specs:
+            if spec.resource_type in ("ServiceRequest", "MedicationRequest", "Encounter"):
+                spec.refs.extend(Reference(role="reason", target=c) for c in conditions)
+            if self.encounter_reasons and spec.resource_type != "Encounter":
+                spec.refs.extend(Reference(role="encounter-reason", target=self.concept(c))
+                                 for c in self.encounter_reasons)
+
+    def finish(self, spec: _Spec) -> RecordEntry:
+        if spec.start is not None and spec.end is not None and spec.end < spec.start:
+            raise SourceError(f"{self.mtype} {spec.segment} (segment {spec.pos + 1}): end {spec.end.isoformat()} "
+                              f"is before start {spec.start.isoformat()}")
+        refs: list[Reference] = []
+        for ref in spec.refs:
+            if ref not in refs:
+                refs.append(ref)
+        text = "\n".join(t.strip() for t in spec.text if t.strip()) or None
+        entry = RecordEntry(
+            patient_id=self.patient_id, entry_id="pending", source=SOURCE, source_ref=spec.source_ref,
+            resource_type=spec.resource_type, effective_at=spec.start, effective_end=spec.end,
+            recorded_at=self.recorded, status=spec.status, codes=tuple(spec.codes), text=text, value=spec.value,
+            dosage=spec.dosage, references=tuple(refs),
+            attributes={**self.base, "hl7_segment": spec.segment, **spec.attrs},
+        )
+        content = entry.model_dump_json(exclude={"entry_id"})
+        hashed = digest(self.control_id, str(spec.pos), content, size=8)
+        entry_id = f"{SOURCE}:{spec.source_ref or spec.resource_type}:{hashed}"
+        return entry.model_copy(update={"entry_id": entry_id})
+
+
+# --- public API -------------------------------------------------------------------------------------------
+
+def _parse(raw: bytes) -> tuple[list[RecordEntry], dict[str, int], str]:
+    mapper: _Mapper | None = None
+    try:
+        segs = _segments_of(_decode(raw))
+        mapper = _Mapper(segs)
+        entries = mapper.run()
+    except SourceError as exc:
+        mtype = mapper.mtype if mapper is not None else "unknown"
+        reason = str(exc) if str(exc).startswith(mtype) or mtype == "unknown" else f"{mtype}: {exc}"
+        raise _Hl7Error(reason, mtype) from exc
+    except _FAULTS as exc:
+        mtype = mapper.mtype if mapper is not None else "unknown"
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        detail = (f"entry failed validation: {first['loc']} {first['msg']}" if first is not None
+                  else f"{type(exc).__name__}: {exc}")
+        raise _Hl7Error(f"{mtype}: cannot be mapped: {detail}"[:2000], mtype) from exc
+    return entries, mapper.skipped, mapper.mtype
+
+
+def parse_message(raw: bytes, where: str) -> list[RecordEntry]:
+    """Record entries of one HL7 v2 message (at least one, in clinical-time order), or SourceError with the
+    reason (which starts with the message type when MSH-9 could be read)."""
+    try:
+        entries = _parse(raw)[0]
+    except SourceError as exc:
+        exc.add_note(f"HL7 v2 message from {where}")
+        raise
+    sort_clinically(entries)
+    return entries
+
+
+def hl7_files(paths: Iterable[str | Path]) -> list[Path]:
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out.extend(sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in (".hl7", ".txt")))
+        else:
+            out.append(p)
+    return out
+
+
+def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
+    """Entries of HL7 v2 files or folders (``*.hl7``, ``*.txt``), in clinical-time order; one file may hold
+    several messages. Every message is counted once: mapped (>= 1 entry) or bad (dead letter)."""
+    result = Hl7Result()
+
+    def count(mtype: str, key: str, n: int = 1) -> None:
+        row = result.by_type.setdefault(mtype, {"messages": 0, "mapped": 0, "entries": 0, "bad": 0})
+        row[key] += n
+
+    for path in hl7_files(paths):
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            result.bad.append(BadInput(path.name, b"", type(exc).__name__, f"cannot read file: {exc}"))
+            count("unknown", "messages")
+            count("unknown", "bad")
+            continue
+        messages = split_messages(data)
+        if not messages:
+            result.bad.append(BadInput(path.name, data, "SourceError", "file holds no HL7 message (empty)"))
+            count("unknown", "messages")
+            count("unknown", "bad")
+            continue
+        for index, raw in enumerate(messages, start=1):
+            where = path.name if len(messages) == 1 else f"{path.name}:{index}"
+            try:
+                entries, skipped, mtype = _parse(raw)
+            except _Hl7Error as exc:
+                result.bad.append(BadInput(where, raw, "SourceError", str(exc)[:2000]))
+                count(exc.message_type, "messages")
+                count(exc.message_type, "bad")
+                continue
+            count(mtype, "messages")
+            count(mtype, "mapped")
+            count(mtype, "entries", len(entries))
+            result.entries.extend(entries)
+            for reason, n in skipped.items():
+                result.skipped[reason] = result.skipped.get(reason, 0) + n
+    sort_clinically(result.entries)
+    return result
+
+
+__all__ = ["Hl7Result", "hl7_files", "load_hl7", "parse_dtm", "parse_message", "split_messages"]

@@ -1,0 +1,62 @@
+"""Helpers shared by the tests that run through the real broker: publishing, and collecting transitions
+and dead letters from their topics (the worker fixture is in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from schemas import RecordEntry
+from stam.publish import Publisher, PublishSummary
+from tests.conftest import SMALL_PATIENT
+from topology import topics as t
+from topology.admin import bootstrap
+
+
+async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
+    async with Publisher(settings) as pub:
+        if raw:
+            producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+            await producer.start()
+            for value in raw:
+                await producer.send_and_wait(t.ENTRIES.name(settings.topic_prefix),
+                                             key=SMALL_PATIENT.encode(), value=value)
+            await producer.stop()
+        await pub.send_entries(entries, PublishSummary())
+
+
+async def _collect(settings: Any, want_entries: set[str], timeout: float) -> tuple[list[dict], list[dict]]:
+    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix),
+                                t.DEAD_LETTERS.name(settings.topic_prefix),
+                                bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest",
+                                group_id=None)
+    await consumer.start()
+    transitions: list[dict] = []
+    letters: list[dict] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            for tp, recs in (await consumer.getmany(timeout_ms=500)).items():
+                target = letters if tp.topic.endswith("deadletter.v1") else transitions
+                target.extend(json.loads(r.value) for r in recs)
+            if want_entries <= {x["entry_id"] for x in transitions}:
+                break
+    finally:
+        await consumer.stop()
+    return transitions, letters
+
+
+async def _dead_letters(settings: Any) -> list[dict]:
+    consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
+                                auto_offset_reset="earliest", group_id=None)
+    await consumer.start()
+    try:
+        got = await consumer.getmany(timeout_ms=3000)
+        return [json.loads(r.value) for recs in got.values() for r in recs]
+    finally:
+        await consumer.stop()
+
+
