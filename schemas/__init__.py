@@ -32,6 +32,7 @@ from schemas.pipeline import (
     TransitionKind,
     UpdateDecision,
 )
+from schemas.query import EvidenceItem, EvidencePacket, GateDecision, GateMode, QueryAnswer, QueryRequest
 
 __all__ = [
     "DIRECTED_RELATIONS",
@@ -43,11 +44,17 @@ __all__ = [
     "CodeSystem",
     "Coding",
     "DeadLetter",
+    "EvidenceItem",
+    "EvidencePacket",
     "ExtractedEntry",
+    "GateDecision",
+    "GateMode",
     "ImpactCandidate",
     "ImpactedEntry",
     "LinkedEntry",
     "Quantity",
+    "QueryAnswer",
+    "QueryRequest",
     "Reason",
     "RecordEntry",
     "Reference",

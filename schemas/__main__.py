@@ -16,6 +16,8 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "extracted-entry": schemas.ExtractedEntry,
     "linked-entry": schemas.LinkedEntry,
     "impacted-entry": schemas.ImpactedEntry,
+    "query-request": schemas.QueryRequest,
+    "query-answer": schemas.QueryAnswer,
 }
 
 OUT = Path(__file__).parent / "json"

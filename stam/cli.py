@@ -2,10 +2,13 @@
 
   stam stack up|down|status     embedded broker (Tansu), Redis and Milvus Lite on loopback
   stam worker                   run the write-path workers (extract, link, impact, update)
-  stam publish PATH...          publish FHIR R4 bundles or bulk-export NDJSON (files or folders)
+  stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
+  stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
+  stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
+  stam gate build-set|calibrate the store gate's calibration
   stam demo                     all of the above on one real Synthea patient
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from stam.config import Settings
+from stam.publish import FORMATS
+from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
 
@@ -77,6 +82,81 @@ def cmd_stack(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_query_worker(args: argparse.Namespace) -> int:
+    from workers.query import run
+
+    settings = load_settings()
+    sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
+    run(settings, loglevel=args.loglevel)
+    return 0
+
+
+def _query_service(settings: Settings) -> Any:
+    from workers.query import build_service
+    from workers.runtime import Runtime
+
+    return build_service(settings, Runtime(settings=settings, topics=None))  # type: ignore[arg-type]
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    from schemas.query import GateMode, QueryRequest
+
+    settings = load_settings()
+    as_of = None
+    if args.as_of:
+        as_of = datetime.fromisoformat(args.as_of.replace("Z", "+00:00"))
+        if as_of.tzinfo is None:
+            from datetime import UTC
+
+            as_of = as_of.replace(tzinfo=UTC)
+    req = QueryRequest(request_id=f"cli-{time.time_ns()}", patient_id=args.patient, question=args.question,
+                       k_active=args.k_active, k_history=args.k_history, gate=GateMode(args.gate),
+                       ranking="joint" if args.joint else "separate", labels=not args.no_labels, spans=args.spans,
+                       token_budget=args.token_budget, as_of=as_of, as_of_version=args.as_of_version)
+    answer = asyncio.run(_query_service(settings).answer(req))
+    if args.json:
+        print(answer.model_dump_json(indent=2))
+    elif not answer.ok:
+        print(f"error: {answer.error}", file=sys.stderr)
+    else:
+        assert answer.packet is not None
+        p = answer.packet
+        print(p.rendered)
+        print(f"\n[gate: {'ACTIVE+HISTORY' if p.gate.serve_history else 'ACTIVE only'} - {p.gate.reason}; "
+              f"{len(p.items)} items, {p.tokens} tokens ({p.tokenizer}); {answer.latency_ms:.0f} ms]")
+        print(f"\nanswer ({answer.reader}): {answer.answer}" if answer.answer else f"\n{answer.note or ''}")
+    return 0 if answer.ok else 1
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from stam.read.calibrate import labelled_set, load_set, replay
+    from stam.read.gate import calibrate, write_gate_file
+
+    settings = load_settings()
+    service = _query_service(settings)
+    if args.action == "build-set":
+        patients = args.patients.split(",") if args.patients else service.states.patients()
+        items = labelled_set(service.states, patients, per_patient=args.per_patient)
+        Path(args.set).write_text("".join(json.dumps(i) + "\n" for i in items))
+        print(json.dumps({"questions": len(items), "patients": len(patients), "set": args.set}))
+        return 0
+    items = load_set(Path(args.set))
+    samples = asyncio.run(replay(service, items, k_active=args.k_active, k_history=args.k_history))
+    out = Path(args.out) if args.out else settings.resolved_gate_file()
+    report = {}
+    for lam in args.lambdas:
+        report[str(lam)] = calibrate(samples, lam).as_dict()
+    chosen = calibrate(samples, args.lambdas[0])
+    write_gate_file(out, chosen, source=args.set)
+    print(json.dumps({"written": str(out), "chosen_lambda": args.lambdas[0], "by_lambda": report,
+                      "cue_rate": round(sum(s.cue for s in samples) / len(samples), 4)}, indent=2))
+    return 0
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.main import run
 
@@ -87,16 +167,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
     from stam.publish import publish_paths
 
     settings = load_settings()
+    bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
 
     def progress(n: int) -> None:
-        if n % 100 == 0:
-            print(f"\r  sent {n} entries", end="", file=sys.stderr, flush=True)
+        bar.update(n - bar.n)
 
-    summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate, progress=progress))
-    print(file=sys.stderr)
+    subjects = args.subjects.split(",") if args.subjects else None
+    tables = args.tables.split(",") if args.tables else None
+    try:
+        summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
+                                            progress=progress, subjects=subjects, tables=tables))
+    finally:
+        bar.close()
     print(json.dumps(summary.as_dict()))
     return 0 if summary.dead_lettered == 0 else 2
 
@@ -120,34 +207,9 @@ def cmd_state(args: argparse.Namespace) -> int:
 
 
 async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]:
-    """Every transition of one patient, read from its partition of the transitions topic."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-    from aiokafka.partitioner import DefaultPartitioner
+    from stam.read.asof import read_patient_transitions
 
-    from schemas import TransitionEvent
-    from topology import topics as t
-    from topology.admin import bootstrap
-
-    topic = t.TRANSITIONS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
-    await consumer.start()
-    try:
-        parts = sorted(consumer.partitions_for_topic(topic) or [])
-        if not parts:
-            await consumer.topics()
-            parts = sorted(consumer.partitions_for_topic(topic) or [])
-        key = patient_id.encode()
-        tp = TopicPartition(topic, DefaultPartitioner()(key, parts, parts))
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
-        events: list[Any] = []
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                events.extend(TransitionEvent.model_validate_json(r.value) for r in records if r.key == key)
-        return events
-    finally:
-        await consumer.stop()
+    return await read_patient_transitions(settings, patient_id)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
@@ -244,7 +306,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     home = Settings().home
-    print("1/5 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
+    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
     started_stack = stack.read_stack(home) is None
     stack.up(home)
     settings = load_settings()
@@ -252,7 +314,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     asyncio.run(ensure_topics(settings))
     print(f"    broker {settings.broker_url}  redis {settings.redis_url}  milvus {settings.milvus_uri}")
-    print("2/5 starting the write-path worker (extract -> link -> impact -> update) ...")
+    print("2/6 starting the write-path worker (extract -> link -> impact -> update) ...")
     log = open(home / "logs" / "worker.log", "ab")  # noqa: SIM115 - lives as long as the worker
     worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                               env=_stack_env(settings), stdout=log, stderr=subprocess.STDOUT,
@@ -260,7 +322,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         result = load_bundle(bundle)
         patient = result.patient_id or "?"
-        print(f"3/5 publishing {len(result.entries)} entries of one Synthea patient "
+        print(f"3/6 publishing {len(result.entries)} entries of one Synthea patient "
               f"({sum(result.skipped.values())} non-clinical resources skipped) ...")
         from stam.publish import Publisher, PublishSummary
 
@@ -272,7 +334,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         summary = asyncio.run(publish())
         print(f"    sent {summary.sent} entries")
-        print("4/5 state transitions as they happen (new -> ACTIVE additions not shown):")
+        print("4/6 state transitions as they happen (new -> ACTIVE additions not shown):")
         started = time.monotonic()
         counts = asyncio.run(_consume_transitions(
             settings, until_entries={e.entry_id for e in result.entries}, timeout=args.timeout, show=True))
@@ -282,7 +344,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if worker.poll() is not None:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
-        print("5/5 the patient's memory now:\n")
+        print("5/6 the patient's memory now:\n")
         from stam.export import render_text
         from stam.stores.redis_state import RedisStateStore
         from workers.runtime import redis_client
@@ -290,6 +352,21 @@ def cmd_demo(args: argparse.Namespace) -> int:
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
         print(render_text(state, limit=args.limit))
         print(f"\nFull export: STAM_HOME={home} .venv/bin/stam state --patient {patient} --json")
+        from schemas.query import QueryRequest
+
+        service = _query_service(settings)
+        for question in ("What is the patient's body height?", "How has the body height changed over time?"):
+            print(f"\n6/6 ask: {question!r}")
+            answer = asyncio.run(service.answer(QueryRequest(request_id="demo", patient_id=patient,
+                                                             question=question, k_active=3, k_history=3)))
+            if answer.packet is None:
+                print(f"    error: {answer.error}")
+                return 1
+            g = answer.packet.gate
+            print(f"    gate: {'ACTIVE+HISTORY' if g.serve_history else 'ACTIVE only'} ({g.reason}); "
+                  f"{answer.packet.tokens} tokens; {answer.latency_ms:.0f} ms")
+            print("    " + answer.packet.rendered.replace("\n", "\n    "))
+        print(f"\nAsk more: STAM_HOME={home} .venv/bin/stam ask --patient {patient} \"...\" [--as-of 1938-06-01]")
         return 0 if counts["entries_done"] == len(result.entries) else 1
     finally:
         worker.send_signal(signal.SIGTERM)
@@ -315,12 +392,59 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loglevel", default="info")
     p.set_defaults(fn=cmd_worker)
 
-    p = sub.add_parser("publish", help="publish FHIR R4 bundles or bulk NDJSON to the entries topic")
+    p = sub.add_parser("publish", help="publish FHIR R4 bundles or NDJSON, HL7 v2 messages or a MIMIC-IV folder "
+                       "to the entries topic",
+                       description="Sends record entries keyed by patient id; input that cannot be parsed or "
+                       "validated goes to the dead-letter topic with its bytes and the reason. Prints a JSON "
+                       "summary (sent, skipped, dead-lettered, per source). Exit status 2 when anything was "
+                       "dead-lettered.")
     p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
-                   "bulk-export folders")
-    p.add_argument("--format", choices=["auto", "fhir-bundle", "fhir-ndjson"], default="auto")
+                   "bulk-export folders, .hl7 files or folders of them, a MIMIC-IV folder (with hosp/, icu/)")
+    p.add_argument("--format", choices=list(FORMATS), default="auto",
+                   help="input format (default: detected per path)")
     p.add_argument("--rate", type=float, default=None, help="entries per second (default: unlimited)")
+    p.add_argument("--subjects", default=None, help="MIMIC-IV: comma-separated subject_ids (default: all)")
+    p.add_argument("--tables", default=None, help="MIMIC-IV: comma-separated tables (default: all of "
+                   + ", ".join(MIMIC_TABLES) + ")")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(fn=cmd_publish)
+
+    p = sub.add_parser("query-worker", help="run the query consumer (queries topic -> answers topic, HTTP "
+                       "POST /v1/query with a bearer token)")
+    p.add_argument("--loglevel", default="info")
+    p.set_defaults(fn=cmd_query_worker)
+
+    p = sub.add_parser("ask", help="ask about one patient: the evidence packet (and answer when a reader is set)",
+                       description="Reads the stores directly with the query worker's code. --as-of / "
+                       "--as-of-version replay the patient's transitions topic to that point.")
+    p.add_argument("--patient", required=True)
+    p.add_argument("question")
+    p.add_argument("--as-of", default=None, help="clinical time (ISO 8601; no zone: UTC)")
+    p.add_argument("--as-of-version", type=int, default=None, help="patient state version (stream position)")
+    p.add_argument("--gate", choices=["auto", "active", "both"], default="auto")
+    p.add_argument("--k-active", type=int, default=8)
+    p.add_argument("--k-history", type=int, default=8)
+    p.add_argument("--joint", action="store_true", help="one ranking over both stores")
+    p.add_argument("--no-labels", action="store_true", help="neutral rendering without Current/Historical")
+    p.add_argument("--spans", action="store_true", help="render the source text around each memory")
+    p.add_argument("--token-budget", type=int, default=None)
+    p.add_argument("--json", action="store_true", help="the QueryAnswer JSON (schemas/json/query-answer.v1.json)")
+    p.set_defaults(fn=cmd_ask)
+
+    p = sub.add_parser("gate", help="build a calibration set or calibrate the store gate",
+                       description="build-set: derive a labelled question set from stored patients. "
+                       "calibrate: replay the set with and without HISTORY, choose the threshold for the "
+                       "first --lambda, write it to the gate file (default <home>/gate.json), report all.")
+    p.add_argument("action", choices=["build-set", "calibrate"])
+    p.add_argument("--set", required=True, help="JSON Lines calibration set (written by build-set)")
+    p.add_argument("--patients", default=None, help="build-set: comma-separated patient ids (default: all)")
+    p.add_argument("--per-patient", type=int, default=12)
+    p.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=[0.2],
+                   help="quality/serving trade-off; the first is written (default 0.2)")
+    p.add_argument("--k-active", type=int, default=8)
+    p.add_argument("--k-history", type=int, default=8)
+    p.add_argument("--out", default=None)
+    p.set_defaults(fn=cmd_gate)
 
     p = sub.add_parser("transitions", help="print transitions from the transitions topic")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to listen")

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -62,6 +62,27 @@ class Settings(BaseSettings):
         "segments slowly); 0 turns it off, as a Milvus server seals by itself")
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
+
+    # --- read path -----------------------------------------------------------------------------------
+    query_app_id: str = Field(default="stam-query", description="Consumer group of the query workers")
+    query_web_port: int = Field(default=6067, ge=0, le=65535,
+                                description="HTTP port of the query worker (POST /v1/query); 0: no HTTP")
+    query_web_host: str = Field(default="127.0.0.1", description="Bind address of the query HTTP endpoint")
+    query_token: SecretStr | None = Field(
+        default=None, description="Bearer token the query HTTP endpoint requires; unset: HTTP refuses to answer")
+    gate_threshold: float = Field(default=0.0, description="Store-gate margin threshold when no gate file exists")
+    gate_file: Path | None = Field(default=None, description="Calibrated gate (stam gate calibrate); empty: "
+                                   "<home>/gate.json")
+    tokenizer: str = Field(default="", description="Tokenizer that counts packet tokens; empty: the "
+                           "embedding model's (set the reader model's tokenizer path to count in its vocabulary)")
+    reader_url: str = Field(default="", description="OpenAI-compatible base URL of the reader (e.g. "
+                            "http://127.0.0.1:8000/v1); empty: packets only")
+    reader_model: str = Field(default="", description="Model name sent to the reader endpoint")
+    reader_api_key: SecretStr | None = None
+    reader_timeout_s: float = Field(default=60.0, gt=0)
+
+    def resolved_gate_file(self) -> Path:
+        return self.gate_file or self.home / "gate.json"
 
     def resolved_milvus_uri(self) -> str:
         return self.milvus_uri or str(self.home / "milvus.db")

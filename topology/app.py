@@ -18,6 +18,8 @@ class Topics:
     impacted: faust.TopicT
     transitions: faust.TopicT
     dead_letters: faust.TopicT
+    queries: faust.TopicT
+    answers: faust.TopicT
 
 
 def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:
@@ -30,7 +32,9 @@ def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.Topic
     )
 
 
-def create_app(settings: Settings, *, app_id: str | None = None) -> tuple[faust.App, Topics]:
+def create_app(settings: Settings, *, app_id: str | None = None, web_port: int | None = None,
+               web_host: str = "127.0.0.1") -> tuple[faust.App, Topics]:
+    port = settings.web_port if web_port is None else web_port
     app = faust.App(
         app_id or settings.app_id,
         broker=settings.broker_url,
@@ -38,9 +42,9 @@ def create_app(settings: Settings, *, app_id: str | None = None) -> tuple[faust.
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",
-        web_enabled=settings.web_port > 0,
-        web_port=settings.web_port or 6066,
-        web_host="127.0.0.1",
+        web_enabled=port > 0,
+        web_port=port or 6066,
+        web_host=web_host,
         producer_linger_ms=5,
         broker_commit_every=200,
         # Tansu (and Kafka) hold a new group's join for the rebalance timeout when a previous member

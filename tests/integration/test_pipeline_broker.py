@@ -6,81 +6,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-from schemas import Reason, RecordEntry, Store
-from stam.publish import Publisher, PublishSummary
+from schemas import Reason, Store
 from stam.stores.redis_state import RedisStateStore
-from tests.conftest import REPO, SMALL_PATIENT
+from tests.conftest import SMALL_PATIENT
+from tests.integration.broker import _collect, _dead_letters, _publish
 from topology import topics as t
 from topology.admin import bootstrap
 from workers.runtime import redis_client
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def worker(stack_settings: Any) -> Any:
-    s = stack_settings
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        metrics_port = sock.getsockname()[1]
-    env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
-               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0",
-               STAM_METRICS_PORT=str(metrics_port))
-    log = open(s.home / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "info"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-
-
-async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
-    async with Publisher(settings) as pub:
-        if raw:
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
-            await producer.start()
-            for value in raw:
-                await producer.send_and_wait(t.ENTRIES.name(settings.topic_prefix),
-                                             key=SMALL_PATIENT.encode(), value=value)
-            await producer.stop()
-        await pub.send_entries(entries, PublishSummary())
-
-
-async def _collect(settings: Any, want_entries: set[str], timeout: float) -> tuple[list[dict], list[dict]]:
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix),
-                                t.DEAD_LETTERS.name(settings.topic_prefix),
-                                bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest",
-                                group_id=None)
-    await consumer.start()
-    transitions: list[dict] = []
-    letters: list[dict] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            for tp, recs in (await consumer.getmany(timeout_ms=500)).items():
-                target = letters if tp.topic.endswith("deadletter.v1") else transitions
-                target.extend(json.loads(r.value) for r in recs)
-            if want_entries <= {x["entry_id"] for x in transitions}:
-                break
-    finally:
-        await consumer.stop()
-    return transitions, letters
 
 
 def test_bundle_through_broker(stack_settings: Any, worker: Any, small_bundle: Any) -> None:
@@ -126,17 +68,6 @@ def test_no_patient_identifier_in_metrics_or_info_logs(stack_settings: Any, work
     assert SMALL_PATIENT not in metrics
     log = (stack_settings.home / "worker.log").read_text(errors="replace")
     assert "INFO" in log and SMALL_PATIENT not in log
-
-
-async def _dead_letters(settings: Any) -> list[dict]:
-    consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
-    await consumer.start()
-    try:
-        got = await consumer.getmany(timeout_ms=3000)
-        return [json.loads(r.value) for recs in got.values() for r in recs]
-    finally:
-        await consumer.stop()
 
 
 def test_publisher_dead_letters_bad_ndjson_lines_and_sends_the_rest(stack_settings: Any, tmp_path: Any) -> None:
@@ -193,3 +124,83 @@ def test_rebuild_from_the_transitions_topic(stack_settings: Any, worker: Any, mo
     fresh = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
     assert export_state(fresh.load(SMALL_PATIENT)) == before
     assert vectors.count(SMALL_PATIENT, Store.ACTIVE) == before["counts"]["active"]
+
+
+def _http(port: int, path: str, body: dict[str, Any] | None = None, token: str | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json",
+                                          **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_query_worker_over_http_and_kafka(stack_settings: Any, worker: Any, query_worker: Any) -> None:
+    """Runs after the pipeline test: the patient's state and transitions exist. The query consumer answers
+    over HTTP (bearer token required) and over the queries/answers topics; a bad query is dead-lettered."""
+    from schemas.query import QueryAnswer, QueryRequest
+    from tests.integration.conftest import QUERY_TOKEN
+
+    port = query_worker.web_port
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if _http(port, "/v1/health")[0] == 200:
+                break
+        except OSError:
+            pass
+        time.sleep(1)
+    assert query_worker.poll() is None, (stack_settings.home / "query-worker.log").read_text()[-3000:]
+
+    question = {"patient_id": SMALL_PATIENT, "question": "How has the body height changed?", "k_history": 10}
+    assert _http(port, "/v1/query", question)[0] == 401
+    assert _http(port, "/v1/query", question, token="wrong")[0] == 401
+    status, answer = _http(port, "/v1/query", question, token=QUERY_TOKEN)
+    assert status == 200 and answer["ok"] and answer["note"].startswith("no reader model configured")
+    packet = answer["packet"]
+    assert packet["gate"]["serve_history"] and packet["gate"]["cue"] == "changed"
+    heights = [i for i in packet["items"] if i["text"].startswith("Body Height")]
+    assert [i["store"] for i in heights].count("active") == 1 and len(heights) == 11
+    assert all(i["successor_text"] for i in heights if i["store"] == "history")
+    # As of 1938-06-01 (from the transitions topic): a height measured before then is the current one.
+    status, past = _http(port, "/v1/query", {**question, "as_of": "1938-06-01T00:00:00+00:00"}, token=QUERY_TOKEN)
+    assert status == 200 and past["ok"]
+    current = [i for i in past["packet"]["items"] if i["text"].startswith("Body Height") and i["store"] == "active"]
+    assert len(current) == 1 and current[0]["effective_start"] < "1938-06-01"
+    assert _http(port, "/v1/query", {"question": "no patient"}, token=QUERY_TOKEN)[0] == 400
+
+    # Kafka: one good request, one malformed; the answer comes back correlated by request_id.
+    good = QueryRequest(request_id="kafka-q1", patient_id=SMALL_PATIENT, question="What is the body height?")
+
+    async def roundtrip() -> QueryAnswer:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(stack_settings))
+        await producer.start()
+        try:
+            topic = t.QUERIES.name(stack_settings.topic_prefix)
+            await producer.send_and_wait(topic, key=SMALL_PATIENT.encode(), value=b'{"question": 1}')
+            await producer.send_and_wait(topic, key=SMALL_PATIENT.encode(), value=good.model_dump_json().encode())
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(t.ANSWERS.name(stack_settings.topic_prefix), bootstrap_servers=bootstrap(
+            stack_settings), auto_offset_reset="earliest", group_id=None)
+        await consumer.start()
+        try:
+            end = time.monotonic() + 180
+            while time.monotonic() < end:
+                for recs in (await consumer.getmany(timeout_ms=500)).values():
+                    for r in recs:
+                        a = QueryAnswer.model_validate_json(r.value)
+                        if a.request_id == good.request_id:
+                            return a
+        finally:
+            await consumer.stop()
+        raise AssertionError("no answer on the answers topic")
+
+    answer_k = asyncio.run(roundtrip())
+    assert answer_k.ok and answer_k.packet is not None and answer_k.patient_id == SMALL_PATIENT
+    assert not answer_k.packet.gate.serve_history
+    letters = [d for d in asyncio.run(_dead_letters(stack_settings)) if d["stage"] == "query"]
+    assert len(letters) == 1 and base64.b64decode(letters[0]["value"]) == b'{"question": 1}'

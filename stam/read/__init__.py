@@ -1,0 +1,1 @@
+"""The read path: store-aware retrieval, the store gate, evidence packets, point-in-time state."""
