@@ -151,7 +151,9 @@ class PatientState:
         return orjson.dumps({
             "version": self.version,
             "vertices": g.vs["name"] if g.vcount() else [],
-            "edges": [[e.source, e.target, e["type"], e["weight"]] for e in g.es],
+            # Bulk attribute reads: iterating g.es builds one Python Edge object per edge (slow on large graphs).
+            "edges": [[s, t, ty, w] for (s, t), ty, w in zip(g.get_edgelist(), g.es["type"], g.es["weight"],
+                                                              strict=True)] if g.ecount() else [],
         })
 
     @classmethod
