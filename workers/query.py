@@ -38,6 +38,8 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
     from stam.read.tokens import load_tokenizer
     from stam.stores.projection import VectorProjection
 
+    if settings.query_threads:
+        limit_threads(settings.query_threads)
     deps = runtime.deps
     reader = None
     if settings.reader_url:
@@ -53,6 +55,15 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
                         gate=load_gate(settings.resolved_gate_file(), settings.gate_threshold),
                         projection=VectorProjection(deps.vectors, max_vectors=settings.projection_max_vectors),
                         reader=reader, transitions=transitions)
+
+
+def limit_threads(n: int) -> None:
+    """Torch intra-op and BLAS thread pools of this process to ``n`` (query latency; see Settings)."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(n)
+    threadpool_limits(n, user_api="blas")
 
 
 def observe(answer: QueryAnswer, channel: str) -> None:

@@ -90,25 +90,32 @@ class QueryService:
                     out[store].append(_Scored(hit.memory_id, store, hit.score))
         return out
 
-    def _state(self, req: QueryRequest, events: Sequence[TransitionEvent] | None) -> tuple[PatientState, int]:
-        live_version = self.states.version(req.patient_id)
-        if req.as_of is None and req.as_of_version is None:
-            return self.states.load(req.patient_id), live_version
-        if events is None:
-            raise QueryError("as_of needs the transition log; none is configured for this service")
-        if req.as_of_version is not None:
-            return state_at_version(req.patient_id, events, req.as_of_version), live_version
-        assert req.as_of is not None
-        return state_at_time(req.patient_id, events, req.as_of), live_version
+    def _live_ranked(self, patient_id: str, version: int, qv: np.ndarray, limit: int) -> dict[Store, list[_Scored]]:
+        """Live state: rank with the store flags the vectors carry (the projection's, or Milvus's field)."""
+        if self.projection is not None:
+            found = self.projection.top_by_store(patient_id, version, qv, limit)
+        else:  # a Milvus search filtered by patient and store
+            found = {store: self.vectors.search(patient_id, store, qv.reshape(1, -1), limit)[0]
+                     for store in (Store.ACTIVE, Store.HISTORY)}
+        return {store: [_Scored(h.memory_id, store, h.score) for h in hits] for store, hits in found.items()}
 
     def packet(self, req: QueryRequest, events: Sequence[TransitionEvent] | None = None) -> EvidencePacket:
-        state, live_version = self._state(req, events)
-        if state.version == 0 and not state.memories:
-            raise QueryError(f"no memory for patient {req.patient_id!r}" + (" at that point" if (
-                req.as_of or req.as_of_version is not None) else ""))
+        past = req.as_of is not None or req.as_of_version is not None
+        version = self.states.version(req.patient_id)
+        state: PatientState | None = None
+        if past:
+            if events is None:
+                raise QueryError("as_of needs the transition log; none is configured for this service")
+            state = (state_at_version(req.patient_id, events, req.as_of_version) if req.as_of_version is not None
+                     else state_at_time(req.patient_id, events, req.as_of))  # type: ignore[arg-type]
+            if not state.memories:
+                raise QueryError(f"no memory for patient {req.patient_id!r} at that point")
+        elif version == 0:
+            raise QueryError(f"no memory for patient {req.patient_id!r}")
         qv = self.embedder.embed([req.question])[0]
         budget = max(req.k_active, req.k_history, req.k_active + req.k_history if req.ranking == "joint" else 0)
-        ranked = self._scores(req.patient_id, live_version, qv, state, budget)
+        ranked = (self._scores(req.patient_id, version, qv, state, budget) if state is not None
+                  else self._live_ranked(req.patient_id, version, qv, budget))
         s_a = ranked[Store.ACTIVE][0].score if ranked[Store.ACTIVE] else None
         s_h = ranked[Store.HISTORY][0].score if ranked[Store.HISTORY] else None
         decision: GateDecision = self.gate.decide(req.question, req.gate, s_a, s_h)
@@ -118,35 +125,50 @@ class QueryService:
         else:
             chosen = ranked[Store.ACTIVE][: req.k_active] + (
                 ranked[Store.HISTORY][: req.k_history] if decision.serve_history else [])
-        items = [self._item(rank, c, state, req) for rank, c in enumerate(chosen, start=1)]
+        items = self._items(chosen, state, req)
         rendered, kept, dropped = render_packet(req, items, self.tokenizer, as_of=req.as_of,
                                                 as_of_version=req.as_of_version)
-        return EvidencePacket(patient_id=req.patient_id, question=req.question, state_version=state.version,
+        return EvidencePacket(patient_id=req.patient_id, question=req.question,
+                              state_version=state.version if state is not None else version,
                               as_of=req.as_of, as_of_version=req.as_of_version, gate=decision, items=tuple(kept),
                               dropped=dropped, rendered=rendered, tokens=self.tokenizer.count(rendered),
                               tokenizer=self.tokenizer.name, token_budget=req.token_budget)
 
-    def _item(self, rank: int, c: _Scored, state: PatientState, req: QueryRequest) -> EvidenceItem:
-        s = state.get(c.memory_id)
-        assert s is not None
-        m = s.memory
-        if m.patient_id != req.patient_id:
-            raise IsolationBreach(f"memory {m.memory_id} of another patient reached a query; not served")
-        succ = state.get(s.successor_id) if s.successor_id else None
-        span = None
-        if req.spans:
-            text = self.states.source_text(req.patient_id, m.entry_id)
-            if text:
-                a, b = (m.span.start, m.span.end) if m.span else (0, len(text))
-                lo, hi = max(0, a - SPAN_CHARS), min(len(text), b + SPAN_CHARS)
-                span = ("..." if lo else "") + text[lo:hi].strip() + ("..." if hi < len(text) else "")
-        item = EvidenceItem(
-            rank=rank, memory_id=m.memory_id, store=s.store, score=round(c.score, 6), category=m.category,
-            text=m.text, status=m.status, effective_start=m.effective_start, effective_end=m.effective_end,
-            recorded_at=m.recorded_at, reason=s.reason, archived_at=s.archived_at, successor_id=s.successor_id,
-            successor_text=succ.memory.text if succ else None, source_entry_id=m.entry_id, source_ref=m.source_ref,
-            span_text=span, tokens=0)
-        return item.model_copy(update={"tokens": self.tokenizer.count(render_item(item, labels=req.labels))})
+    def _items(self, chosen: Sequence[_Scored], state: PatientState | None, req: QueryRequest) -> list[EvidenceItem]:
+        """Evidence items of the chosen memories: records from the past state, or fetched from the store
+        (only the chosen memories and their successors are read)."""
+        if state is not None:
+            records = {c.memory_id: s for c in chosen if (s := state.get(c.memory_id)) is not None}
+            succ_ids = [r.successor_id for r in records.values() if r.successor_id]
+            successors = {i: s for i in succ_ids if (s := state.get(i)) is not None}
+        else:
+            records = self.states.memories(req.patient_id, [c.memory_id for c in chosen])
+            succ_ids = [r.successor_id for r in records.values() if r.successor_id and r.successor_id not in records]
+            successors = {**records, **self.states.memories(req.patient_id, succ_ids)}
+        items: list[EvidenceItem] = []
+        for c in chosen:
+            s = records.get(c.memory_id)
+            if s is None:
+                continue  # the vector moved ahead of the record (a write in flight); served next time
+            m = s.memory
+            if m.patient_id != req.patient_id:
+                raise IsolationBreach(f"memory {m.memory_id} of another patient reached a query; not served")
+            succ = successors.get(s.successor_id) if s.successor_id else None
+            span = None
+            if req.spans:
+                text = self.states.source_text(req.patient_id, m.entry_id)
+                if text:
+                    a, b = (m.span.start, m.span.end) if m.span else (0, len(text))
+                    lo, hi = max(0, a - SPAN_CHARS), min(len(text), b + SPAN_CHARS)
+                    span = ("..." if lo else "") + text[lo:hi].strip() + ("..." if hi < len(text) else "")
+            items.append(EvidenceItem(
+                rank=len(items) + 1, memory_id=m.memory_id, store=s.store, score=round(c.score, 6),
+                category=m.category, text=m.text, status=m.status, effective_start=m.effective_start,
+                effective_end=m.effective_end, recorded_at=m.recorded_at, reason=s.reason, archived_at=s.archived_at,
+                successor_id=s.successor_id, successor_text=succ.memory.text if succ else None,
+                source_entry_id=m.entry_id, source_ref=m.source_ref, span_text=span, tokens=0))
+        counts = self.tokenizer.count_many([render_item(i, labels=req.labels) for i in items])
+        return [i.model_copy(update={"tokens": n}) for i, n in zip(items, counts, strict=True)]
 
     # --- answering -------------------------------------------------------------------------------------
 

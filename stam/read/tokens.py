@@ -17,6 +17,8 @@ class Tokenizer(Protocol):
 
     def count(self, text: str) -> int: ...
 
+    def count_many(self, texts: list[str]) -> list[int]: ...
+
 
 class HFTokenizer:
     """A Hugging Face (fast) tokenizer; special tokens are not counted."""
@@ -29,6 +31,13 @@ class HFTokenizer:
         if not text:
             return 0
         return len(self._tok(text, add_special_tokens=False, truncation=False)["input_ids"])
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        """One batched tokenizer call for many texts (the fast tokenizer encodes them in one pass)."""
+        if not texts:
+            return []
+        ids = self._tok(texts, add_special_tokens=False, truncation=False)["input_ids"]
+        return [len(x) for x in ids]
 
 
 @lru_cache(maxsize=4)

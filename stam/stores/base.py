@@ -103,6 +103,11 @@ class StateStore(ABC):
     @abstractmethod
     def patients(self) -> list[str]: ...
 
+    def memories(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, StoredMemory]:
+        """Stored records of some memories of one patient (the read path fetches only what it serves)."""
+        state = self.load(patient_id)
+        return {m: s for m in memory_ids if (s := state.get(m)) is not None}
+
     def source_text(self, patient_id: str, entry_id: str) -> str | None:
         """The text of an applied entry (kept for entries that carry text); None when not kept."""
         return None

@@ -105,6 +105,26 @@ class VectorProjection:
         q = query.reshape(-1) / max(float(np.linalg.norm(query)), 1e-12)
         return list(p.ids), p.matrix @ q.astype(np.float32)
 
+    def top_by_store(self, patient_id: str, version: int, query: np.ndarray, limit: int) -> dict[Store, list[Hit]]:
+        """Top-``limit`` of ACTIVE and of HISTORY separately, by cosine with one query vector."""
+        p = self._get(patient_id, version)
+        out: dict[Store, list[Hit]] = {Store.ACTIVE: [], Store.HISTORY: []}
+        if not p.ids:
+            return out
+        q = query.reshape(-1) / max(float(np.linalg.norm(query)), 1e-12)
+        scores = p.matrix @ q.astype(np.float32)
+        history = np.fromiter((s is Store.HISTORY for s in p.stores), dtype=bool, count=len(p.stores))
+        for store, mask in ((Store.ACTIVE, ~history), (Store.HISTORY, history)):
+            idx = np.flatnonzero(mask)
+            if idx.size == 0:
+                continue
+            sub = scores[idx]
+            want = min(limit, idx.size)
+            top = np.argpartition(-sub, want - 1)[:want] if want < idx.size else np.arange(idx.size)
+            top = top[np.argsort(-sub[top], kind="stable")]
+            out[store] = [Hit(p.ids[idx[i]], store, float(sub[i])) for i in top]
+        return out
+
     def advance(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:

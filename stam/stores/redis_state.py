@@ -23,6 +23,7 @@ from threading import Lock
 
 import redis
 
+from schemas import StoredMemory
 from stam.errors import ConcurrentUpdate
 from stam.state import PatientState
 from stam.stores.base import Commit, StateStore
@@ -138,6 +139,12 @@ class RedisStateStore(StateStore):
     def patients(self) -> list[str]:
         return sorted(p.decode() if isinstance(p, bytes) else p
                       for p in self._r.smembers(f"{self._prefix}:patients"))
+
+    def memories(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, StoredMemory]:
+        if not memory_ids:
+            return {}
+        raw = self._r.hmget(self._key(patient_id, "mem"), list(memory_ids))
+        return {m: StoredMemory.model_validate_json(r) for m, r in zip(memory_ids, raw, strict=True) if r is not None}
 
     def source_text(self, patient_id: str, entry_id: str) -> str | None:
         raw = self._r.hget(self._key(patient_id, "src"), entry_id)

@@ -128,7 +128,7 @@ def test_a_query_never_returns_another_patients_memory(deps: Any, small_bundle: 
     vocabulary = [m.memory.text for pid in own for m in deps.states.load(pid).memories.values()]
     rng = random.Random(7)
     for svc in (service(deps), service(deps, projection=False)):  # projection and filtered Milvus search
-        for _ in range(60):
+        for _ in range(150):
             pid = rng.choice(sorted(own))
             q = rng.choice(vocabulary)  # often a fact of the *other* patient, word for word
             p = ask(svc, q, patient_id=pid, gate=GateMode.BOTH, k_active=10, k_history=10).packet

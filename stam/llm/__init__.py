@@ -1,0 +1,1 @@
+"""Language-model plumbing: local weights, the OpenAI-compatible client, prompts with schema-bound output."""
