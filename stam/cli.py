@@ -9,6 +9,7 @@
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
   stam gate build-set|calibrate the store gate's calibration
+  stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
   stam demo                     all of the above on one real Synthea patient
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
@@ -154,6 +155,23 @@ def cmd_gate(args: argparse.Namespace) -> int:
     write_gate_file(out, chosen, source=args.set)
     print(json.dumps({"written": str(out), "chosen_lambda": args.lambdas[0], "by_lambda": report,
                       "cue_rate": round(sum(s.cue for s in samples) / len(samples), 4)}, indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from stam.serving.app import run
+    from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
+
+    engine: LlamaCppEngine | VllmEngine
+    if args.engine == "vllm":
+        engine = VllmEngine(model_id=args.model or "qwen2.5-7b-instruct", accelerator_type=args.accelerator)
+    else:
+        engine = LlamaCppEngine(model_id=args.model or "qwen2.5-coder-1.5b-instruct-q4_k_m", gguf=args.gguf,
+                                n_threads=args.threads)
+    config = ServingConfig(engine=engine, host=args.host, port=args.port)
+    print(f"serving {engine.model_id} ({engine.kind}) at http://{args.host}:{args.port}/v1  (Ctrl-C stops)",
+          file=sys.stderr)
+    run(config, blocking=True)
     return 0
 
 
@@ -445,6 +463,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-history", type=int, default=8)
     p.add_argument("--out", default=None)
     p.set_defaults(fn=cmd_gate)
+
+    p = sub.add_parser("serve", help="the language model behind an OpenAI-compatible endpoint (Ray Serve)",
+                       description="llamacpp: a CPU replica on the packaged GGUF weights (joined and checked on "
+                       "first use). vllm: Ray Serve LLM replicas on GPUs (needs vLLM installed; not runnable here).")
+    p.add_argument("--engine", choices=["llamacpp", "vllm"], default="llamacpp")
+    p.add_argument("--model", default=None, help="model id (llamacpp: qwen2.5-coder-1.5b-instruct-q4_k_m, the "
+                   "default, or qwen2.5-coder-0.5b-instruct-q4_k_m)")
+    p.add_argument("--gguf", default="", help="llamacpp: a GGUF path instead of the packaged weights")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--accelerator", default="A100", help="vllm: Ray accelerator type")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("transitions", help="print transitions from the transitions topic")
     p.add_argument("--seconds", type=float, default=10.0, help="how long to listen")

@@ -1,0 +1,108 @@
+"""The Ray Serve application: ``POST /v1/chat/completions`` and ``GET /v1/models``, OpenAI-compatible.
+
+- vLLM engine (GPU): Ray Serve's own LLM integration (``ray.serve.llm.build_openai_app`` with an
+  ``LLMConfig`` from :func:`stam.serving.config.vllm_llm_config_kwargs`): replicas, autoscaling,
+  accelerator type, guided decoding for ``response_format``.
+- llama.cpp engine (CPU): :class:`LlamaCppServer`, a Serve deployment holding ``llama_cpp.Llama`` on the
+  GGUF file; ``response_format`` of type ``json_schema`` becomes llama.cpp's grammar-constrained
+  ``json_object`` with that schema, so the output always parses against it.
+
+Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replace it by URL.
+"""
+
+import asyncio
+import time
+from typing import Any
+
+# FastAPI resolves endpoint annotations at runtime; Ray pickles the deployment class by value, so this
+# module keeps real (not postponed) annotations and imports Request at the top.
+from fastapi import Request
+
+from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine, vllm_llm_config_kwargs
+
+
+def _llama_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI ``response_format`` -> llama-cpp-python's (json_schema -> json_object with the schema)."""
+    if not fmt or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_object", "schema": (fmt.get("json_schema") or {}).get("schema", {})}
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object", **({"schema": fmt["schema"]} if "schema" in fmt else {})}
+    raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
+
+
+def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
+    from fastapi import FastAPI, HTTPException
+    from ray import serve
+
+    api = FastAPI(title="STAM language model (llama.cpp)")
+
+    @serve.deployment(name="llamacpp", num_replicas=engine.replicas, max_ongoing_requests=4,
+                      ray_actor_options={"num_cpus": engine.num_cpus})
+    @serve.ingress(api)
+    class LlamaCppServer:
+        def __init__(self, cfg: dict[str, Any]) -> None:
+            from llama_cpp import Llama
+
+            from stam.llm.weights import ensure_gguf
+
+            self.cfg = LlamaCppEngine.model_validate(cfg)
+            path = self.cfg.gguf or str(ensure_gguf(self.cfg.model_id))
+            self.llm = Llama(model_path=path, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads, verbose=False)
+            self.lock = asyncio.Lock()  # one llama.cpp context: one generation at a time per replica
+
+        @api.get("/v1/models")
+        async def models(self) -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": self.cfg.model_id, "object": "model", "owned_by": "stam"}]}
+
+        @api.post("/v1/chat/completions")
+        async def chat(self, request: Request) -> dict[str, Any]:
+            try:
+                body = await request.json()
+            except ValueError as exc:
+                raise HTTPException(status_code=400, detail=f"body is not JSON: {exc}") from exc
+            if not isinstance(body, dict):
+                raise HTTPException(status_code=400, detail="body must be a JSON object")
+            try:
+                fmt = _llama_response_format(body.get("response_format"))
+            except ValueError as exc:
+                raise HTTPException(status_code=400, detail=str(exc)) from exc
+            if not isinstance(body.get("messages"), list) or not body["messages"]:
+                raise HTTPException(status_code=400, detail="messages must be a non-empty list")
+            kwargs = {"messages": body["messages"], "max_tokens": int(body.get("max_tokens") or 512),
+                      "temperature": float(body.get("temperature", 0.0)), "response_format": fmt}
+            def generate() -> Any:
+                return self.llm.create_chat_completion(**kwargs)
+
+            async with self.lock:
+                started = time.perf_counter()
+                out: dict[str, Any] = await asyncio.to_thread(generate)
+            out["model"] = self.cfg.model_id
+            out.setdefault("usage", {})["seconds"] = round(time.perf_counter() - started, 3)
+            return out
+
+    return LlamaCppServer.bind(engine.model_dump())  # type: ignore[attr-defined]
+
+
+def build_vllm_app(engine: VllmEngine) -> Any:
+    from ray.serve.llm import LLMConfig, build_openai_app  # needs vLLM installed (GPU nodes)
+
+    return build_openai_app({"llm_configs": [LLMConfig(**vllm_llm_config_kwargs(engine))]})
+
+
+def build_app(config: ServingConfig) -> Any:
+    if isinstance(config.engine, VllmEngine):
+        return build_vllm_app(config.engine)
+    return build_llamacpp_app(config.engine)
+
+
+def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None) -> None:
+    """Start Ray (local), Serve's HTTP proxy on ``host:port`` and the application."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": config.host, "port": config.port})
+    serve.run(build_app(config), name="stam-llm", route_prefix=config.route_prefix, blocking=blocking)
