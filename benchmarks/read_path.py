@@ -13,7 +13,7 @@ Queries: question templates over the vocabulary (about a concept in the patient'
 history cues, or free phrasing), a random patient each (seeded), through ``QueryService.answer`` with no reader.
 Three arms: gate ``auto`` (threshold ``--threshold``), ``active`` (HISTORY never served) and ``both`` (always).
 
-- ``cold``: the first query of each patient (state parsed from Redis, vectors fetched from Milvus), arms in turn.
+- ``cold``: the first query of each patient (the patient's vectors fetched from Milvus), arms in turn.
   This pass also warms every patient (caches sized to hold them all; it stops early, and the warm queries use
   the patients warmed, if the machine runs below ``--min-free-gb`` of available memory).
 - ``warm``: ``--queries`` queries, each asked in all three arms (order rotated), twice: with the question
@@ -292,7 +292,7 @@ def main() -> None:
                         "worker; 0: as the process has them")
     parser.add_argument("--min-free-gb", type=float, default=4.0,
                         help="stop warming more patients when the machine has less memory available than this "
-                        "(a warm patient of 2,000 memories holds ~10 MB of parsed state and 3 MB of vectors)")
+                        "(a warm patient of 2,000 memories holds ~3 MB of vectors and ids; records are fetched per query)")
     parser.add_argument("--home", type=Path, default=None, help="stack home (kept, stack left running)")
     parser.add_argument("--reuse", action="store_true", help="keep data already loaded in --home for this config")
     args = parser.parse_args()
