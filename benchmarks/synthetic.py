@@ -243,7 +243,8 @@ def _memory(pid: str, entry_id: str, chain: Chain, ref: str, when: datetime, end
             rng: random.Random) -> AtomicMemory:
     c = chain.concept
     code = c.code if chain.instance == 0 else f"{c.code}-{chain.instance}"
-    common: dict[str, Any] = {"memory_id": memory_id(entry_id, 0), "patient_id": pid, "entry_id": entry_id, "position": 0,
+    common: dict[str, Any] = {"memory_id": memory_id(pid, entry_id, 0), "patient_id": pid, "entry_id": entry_id,
+              "position": 0,
               "category": c.category, "concept": Coding(system=c.system, code=code, display=c.display),
               "effective_start": when, "recorded_at": when + timedelta(minutes=rng.randint(5, 240)),
               "source_ref": ref, "embed_text": c.embed_text}

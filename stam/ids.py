@@ -13,8 +13,10 @@ def digest(*parts: str, size: int = 16) -> str:
     return h.hexdigest()
 
 
-def memory_id(entry_id: str, position: int) -> str:
-    return "m-" + digest(entry_id, str(position), size=12)
+def memory_id(patient_id: str, entry_id: str, position: int) -> str:
+    """Patient-scoped: two patients' entries that happen to share an id never share a memory id (Milvus keys
+    vectors by memory id)."""
+    return "m-" + digest(patient_id, entry_id, str(position), size=12)
 
 
 def transition_id(entry_id: str, memory_id: str, kind: str) -> str:

@@ -168,7 +168,7 @@ class CodedReasoner:
             value, unit, value_text = _fmt_value(qty)
             display = coding.display or coding.code
             memories.append(AtomicMemory(
-                memory_id=memory_id(entry.entry_id, pos), patient_id=entry.patient_id,
+                memory_id=memory_id(entry.patient_id, entry.entry_id, pos), patient_id=entry.patient_id,
                 entry_id=entry.entry_id, position=pos, category=category,
                 text=_statement(category, display, value, unit, value_text, entry.status, entry.dosage,
                                 entry.effective_at, entry.effective_end),
@@ -186,7 +186,7 @@ class CodedReasoner:
     def _verbatim(self, entry: RecordEntry, position: int = 0) -> AtomicMemory:
         text = (entry.text or "").strip()
         return AtomicMemory(
-            memory_id=memory_id(entry.entry_id, position), patient_id=entry.patient_id,
+            memory_id=memory_id(entry.patient_id, entry.entry_id, position), patient_id=entry.patient_id,
             entry_id=entry.entry_id, position=position, category=Category.NOTE, text=text, status=entry.status,
             effective_start=entry.effective_at, effective_end=entry.effective_end,
             recorded_at=entry.recorded_at, source_ref=entry.source_ref,

@@ -249,6 +249,15 @@ class _Builder:
         self.pharmacy_by_poe = {r["poe_id"]: r for r in rows.get("pharmacy", []) if r.get("poe_id")}
         self.emar_by_poe = {r["poe_id"]: r for r in rows.get("emar", []) if r.get("poe_id")}
         self.poe = {r["poe_id"]: r for r in rows.get("poe", [])}
+        # Which order ended which: from the discontinuing order's discontinue_of_poe_id (always set on Change and
+        # D/C rows) and from the ended order's discontinued_by_poe_id (not always filled in).
+        self.ended_by: dict[str, str] = {}
+        for r in self.poe.values():
+            if r.get("discontinued_by_poe_id") and r["discontinued_by_poe_id"] in self.poe:
+                self.ended_by.setdefault(r["poe_id"], r["discontinued_by_poe_id"])
+        for r in self.poe.values():
+            if r.get("discontinue_of_poe_id") and r["transaction_type"] in ("Change", "D/C"):
+                self.ended_by[r["discontinue_of_poe_id"]] = r["poe_id"]
         self.order_codes: dict[str, tuple[Coding, ...]] = {}
 
     # --- emit ------------------------------------------------------------------------------------------
@@ -299,7 +308,7 @@ class _Builder:
 
     def _death(self) -> None:
         deaths = [(r["deathtime"], r["hadm_id"]) for r in self.rows.get("admissions", []) if r.get("deathtime")]
-        when_s, key = deaths[0] if deaths else (self.lk.dod.get(self.subject), "dod")
+        when_s, key = deaths[0] if deaths else (self.lk.dod.get(self.subject), f"{self.subject}:dod")
         if not when_s:
             return
         when = _time(when_s, "deathtime")
@@ -456,7 +465,10 @@ class _Builder:
         name = drugs[0].display if drugs else (r.get("medication") or "medication")
         if poe_id:
             identity = self.order_codes.get(poe_id, (Coding(system=SYS_ORDER, code=poe_id, display=name),))[0]
-            source_ref = f"MedicationRequest/poe-{poe_id}"
+            # The POE order's own reference (IV therapy and TPN orders are ServiceRequests in POE), so a Change
+            # or D/C naming the order reaches its pharmacy versions too.
+            source_ref = self._order_ref(self.poe[poe_id]["order_type"] if poe_id in self.poe else "Medications",
+                                         poe_id)
         else:
             identity = Coding(system=SYS_PHARMACY_ORDER, code=pid, display=name)
             source_ref = f"MedicationRequest/pharmacy-{pid}"
@@ -467,8 +479,8 @@ class _Builder:
         final = _PHARMACY_STATUS.get(r.get("status") or "")
         if start is None:
             raise SourceError(f"pharmacy row {pid} has neither starttime nor entertime")
-        ended_by = (self.poe.get(poe_id or "") or {}).get("discontinued_by_poe_id")
-        if ended_by and ended_by in self.poe and "poe" in self.chosen:
+        ended_by = self.ended_by.get(poe_id or "")
+        if ended_by and "poe" in self.chosen:
             attributes["stopped_by_poe_id"] = ended_by
             if _time(self.poe[ended_by]["ordertime"], "ordertime") <= start:  # type: ignore[operator]
                 # Discontinued before the pharmacy's start time: the order never became current.
@@ -584,8 +596,10 @@ class _Builder:
         when = _time(r["chartdate"], "chartdate")
         name, raw = r["result_name"], r.get("result_value") or ""
         num = _num(raw)
-        self.emit("omr", f"{r['chartdate']}:{r['seq_num']}:{name}", when,
-                  source_ref=f"Observation/omr-{r['chartdate']}-{r['seq_num']}-{name}", resource_type="Observation",
+        # omr has no row id: subject_id + chartdate + seq_num + result_name identify the row.
+        self.emit("omr", f"{self.subject}:{r['chartdate']}:{r['seq_num']}:{name}", when,
+                  source_ref=f"Observation/omr-{self.subject}-{r['chartdate']}-{r['seq_num']}-{name}",
+                  resource_type="Observation",
                   effective_at=when, recorded_at=when, status="final",
                   codes=(Coding(system=SYS_OMR, code=name.lower(), display=name),),
                   value=Quantity(value=num) if num is not None else Quantity(text=raw or None))

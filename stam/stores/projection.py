@@ -125,6 +125,15 @@ class VectorProjection:
             out[store] = [Hit(p.ids[idx[i]], store, float(sub[i])) for i in top]
         return out
 
+    def prime(self, patient_id: str, version: int, rows: Sequence[VectorRow]) -> None:
+        """Hold ``rows`` as the patient's vectors at ``version`` (a process that already has them, e.g. from
+        the write it just made or a log it follows, need not fetch them from Milvus)."""
+        p = _Patient(version=version)
+        p.put(rows)
+        with self._lock:
+            self._patients[patient_id] = p
+            self._evict()
+
     def advance(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:

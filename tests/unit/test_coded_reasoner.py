@@ -103,3 +103,10 @@ def test_condition_with_abatement_is_resolved() -> None:
     assert m.effective_end is not None
     d = R.update(entry, m, [])
     assert d.placement is Store.HISTORY and d.placement_reason is Reason.RESOLVED
+
+
+def test_memory_ids_are_patient_scoped() -> None:
+    from stam.ids import memory_id
+
+    assert memory_id("p1", "e1", 0) != memory_id("p2", "e1", 0)
+    assert memory_id("p1", "e1", 0) == memory_id("p1", "e1", 0)

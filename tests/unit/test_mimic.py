@@ -120,3 +120,25 @@ def test_not_a_mimic_folder_and_unknown_tables_are_clear_errors(tmp_path: Path) 
     if MIMIC.is_dir():
         with pytest.raises(SourceError, match="unknown MIMIC-IV tables"):
             load_mimic(MIMIC, subjects=[PATIENT], tables=["chartevents_typo"])
+
+
+def test_entry_ids_are_unique_across_the_whole_demo(patient: Any) -> None:
+    """Row keys without a global id (omr, a death from patients.dod) carry the subject: no two rows of
+    the demo share an entry id (a shared id would make the second row a replay, and lose it)."""
+    from collections import Counter
+
+    from stam.sources.mimic import iter_mimic
+
+    ids: Counter[str] = Counter()
+    for batch in iter_mimic(MIMIC):
+        ids.update(e.entry_id for e in batch)
+    assert sum(ids.values()) > 290_000
+    assert [k for k, n in ids.items() if n > 1] == []
+
+
+def test_pharmacy_versions_share_the_poe_orders_reference(patient: Any) -> None:
+    """IV therapy orders are ServiceRequests in POE; their pharmacy rows must carry the same reference so a
+    Change naming the order ends them too (10012853-273 -> Change 10012853-284)."""
+    other = load_mimic(MIMIC, subjects=["10012853"], tables=["poe", "pharmacy"])
+    refs = {e.source_ref for e in other.entries if e.attributes.get("poe_id") == "10012853-273"}
+    assert refs == {"ServiceRequest/poe-10012853-273"}
