@@ -19,13 +19,12 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.write_path import _free_port, _scrape, _vmhwm_mb
+from benchmarks.write_path import _scrape, _vmhwm_mb, stack_with_worker
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -44,31 +43,19 @@ def main() -> None:
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
 
-    from stam import stack
     from stam.cli import _consume_transitions
-    from stam.config import Settings
     from stam.export import export_state
     from stam.publish import publish_paths
     from stam.sources.mimic import iter_mimic, poe_check
     from stam.stores.redis_state import RedisStateStore
-    from topology.admin import ensure_topics
     from workers.runtime import redis_client
 
     tmp = tempfile.TemporaryDirectory(prefix="stam-mimic-") if args.home is None else None
     home = Path(args.home or tmp.name)  # type: ignore[union-attr]
     home.mkdir(parents=True, exist_ok=True)
     ids = {e.entry_id for batch in iter_mimic(MIMIC, subjects=subjects, tables=tables) for e in batch}
-    info = stack.up(home)
-    metrics_port = _free_port()
-    settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                        milvus_uri=info.milvus_uri, web_port=0)
-    asyncio.run(ensure_topics(settings))
-    env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,
-               STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0", STAM_METRICS_PORT=str(metrics_port))
-    log = open(home / "worker.log", "wb")  # noqa: SIM115
-    worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+    with stack_with_worker(home) as sw:
+        settings, worker, metrics_port = sw.settings, sw.worker, sw.metrics_port
         started = time.monotonic()
         summary = asyncio.run(publish_paths(settings, [MIMIC], subjects=subjects, tables=tables))
         published = time.monotonic() - started
@@ -91,16 +78,8 @@ def main() -> None:
             "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
         }
         print(json.dumps(report, indent=1))
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        log.close()
-        stack.down(home)
-        if tmp is not None:
-            tmp.cleanup()
+    if tmp is not None:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -125,24 +128,50 @@ def in_process(entries: list[Any], home: Path) -> dict[str, Any]:
             "embedding_cache": {"hits": emb.hits, "misses": emb.misses}}
 
 
-def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]:
+@dataclass
+class StackWorker:
+    settings: Any
+    worker: subprocess.Popen[bytes]
+    metrics_port: int
+
+
+@contextmanager
+def stack_with_worker(home: Path) -> Iterator[StackWorker]:
+    """The embedded stack in ``home`` with topics and one write-path worker process; both stopped on exit."""
     from stam import stack
-    from stam.cli import _consume_transitions
     from stam.config import Settings
-    from stam.publish import Publisher, PublishSummary
     from topology.admin import ensure_topics
 
     info = stack.up(home)
-    metrics_port = _free_port()
-    settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                        milvus_uri=info.milvus_uri, web_port=0)
-    asyncio.run(ensure_topics(settings))
-    env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,
-               STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0", STAM_METRICS_PORT=str(metrics_port))
-    log = open(home / "worker.log", "wb")  # noqa: SIM115
-    worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
+        metrics_port = _free_port()
+        settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
+                            milvus_uri=info.milvus_uri, web_port=0)
+        asyncio.run(ensure_topics(settings))
+        env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url,
+                   STAM_REDIS_URL=info.redis_url, STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0",
+                   STAM_METRICS_PORT=str(metrics_port))
+        with open(home / "worker.log", "wb") as log:
+            worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+                                      cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+            try:
+                yield StackWorker(settings, worker, metrics_port)
+            finally:
+                worker.terminate()
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+    finally:
+        stack.down(home)
+
+
+def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]:
+    from stam.cli import _consume_transitions
+    from stam.publish import Publisher, PublishSummary
+
+    with stack_with_worker(home) as sw:
+        settings, worker, metrics_port = sw.settings, sw.worker, sw.metrics_port
         # Warm-up: one entry of a patient not in the measured set, so model load and group join are excluded.
         warm = entries[0].model_copy(update={"patient_id": "warmup", "entry_id": "warmup"})
 
@@ -179,14 +208,6 @@ def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]
         return {"cold_concept_cache": cold, "warm_concept_cache": warm_run,
                 "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
                 "stages_from_histograms_both_runs": scraped["stages"], "stale_redo": scraped["stale_redo"]}
-    finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-        log.close()
-        stack.down(home)
 
 
 def main() -> None:

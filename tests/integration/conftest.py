@@ -1,4 +1,4 @@
-"""Fixtures of the integration tests: a write-path worker process on the module's embedded stack."""
+"""Fixtures of the integration tests: worker processes (write path, query consumer) on the module's stack."""
 
 from __future__ import annotations
 
@@ -6,56 +6,54 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
 from tests.conftest import REPO
 
+QUERY_TOKEN = "integration-test-token"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def _stam_process(s: Any, command: str, log_name: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
+    """``stam <command>`` against the stack of settings ``s``, logging to ``<home>/<log_name>``."""
+    full = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
+                STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0", **env)
+    with open(s.home / log_name, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", command, "--loglevel", "info"],
+                                cwd=REPO, env=full, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
 
 @pytest.fixture(scope="module")
 def worker(stack_settings: Any) -> Any:
-    s = stack_settings
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        metrics_port = sock.getsockname()[1]
-    env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
-               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0",
-               STAM_METRICS_PORT=str(metrics_port))
-    log = open(s.home / "worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "info"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.metrics_port = metrics_port  # type: ignore[attr-defined]
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
-
-
-QUERY_TOKEN = "integration-test-token"
+    metrics_port = _free_port()
+    with _stam_process(stack_settings, "worker", "worker.log", STAM_METRICS_PORT=str(metrics_port)) as proc:
+        proc.metrics_port = metrics_port  # type: ignore[attr-defined]
+        yield proc
 
 
 @pytest.fixture(scope="module")
 def query_worker(stack_settings: Any) -> Any:
     """The query consumer in its own process, with an HTTP port and a bearer token."""
-    s = stack_settings
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        web_port = sock.getsockname()[1]
-    env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
-               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0",
-               STAM_QUERY_WEB_PORT=str(web_port), STAM_QUERY_TOKEN=QUERY_TOKEN)
-    log = open(s.home / "query-worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "query-worker", "--loglevel", "info"],
-                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.web_port = web_port  # type: ignore[attr-defined]
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    web_port = _free_port()
+    with _stam_process(stack_settings, "query-worker", "query-worker.log", STAM_QUERY_WEB_PORT=str(web_port),
+                       STAM_QUERY_TOKEN=QUERY_TOKEN) as proc:
+        proc.web_port = web_port  # type: ignore[attr-defined]
+        yield proc
