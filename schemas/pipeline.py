@@ -84,6 +84,10 @@ class UpdateDecision(WireModel):
     delete_proposals: tuple[str, ...] = Field(
         default=(), description="HISTORY memories proposed for deletion; recorded, never executed here"
     )
+    relations: tuple[Relation, ...] = Field(
+        default=(), description="Relations decided together with the update (a language-model reasoner links "
+        "and updates a new memory in one call); applied before the memory's ADDED transition is emitted"
+    )
     rationale: str | None = None
 
 

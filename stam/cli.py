@@ -11,6 +11,7 @@
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
   stam demo                     all of the above on one real Synthea patient
+  stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
 (<home>/stack.json) are used.
@@ -263,7 +264,9 @@ def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
 
 
 async def _consume_transitions(settings: Settings, *, until_entries: set[str] | None, timeout: float,
-                               show: bool, show_added: bool = False) -> dict[str, int]:
+                               show: bool, show_added: bool = False,
+                               show_entries: set[str] | None = None) -> dict[str, int]:
+    """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries')."""
     from aiokafka import AIOKafkaConsumer
 
     from topology import topics as t
@@ -295,7 +298,12 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
                     seen.add(data["entry_id"])
                     key = f"{data['kind']}:{data.get('reason') or ''}"
                     counts[key] = counts.get(key, 0) + 1
-                    if show and (show_added or data["kind"] != "added" or data["to_store"] == "history"):
+                    if show_entries is not None:
+                        if data["entry_id"] in show_entries:
+                            rels = "".join(f"\n        {r['type']} -> {texts.get(r['target_id'], r['target_id'])}"
+                                           for r in data.get("relations") or ())
+                            print("  " + _describe(data, texts) + rels)
+                    elif show and (show_added or data["kind"] != "added" or data["to_store"] == "history"):
                         print("  " + _describe(data, texts))
             if until_entries is not None:
                 counts["entries_done"] = len(until_entries & seen)
@@ -395,6 +403,139 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log.close()
         if started_stack and not args.keep:
             stack.down(home)
+
+
+DEMO_NOTES_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"
+DEMO_NOTES = ("00d2ed9f-74f9-2ca0-1b88-e711d800c300", "3e587458-87ac-4859-9517-a2a4e8a1145c")
+
+
+def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            urllib.request.urlopen(url, timeout=5).read()
+            return True
+        except OSError:
+            time.sleep(2)
+    return False
+
+
+def cmd_demo_notes(args: argparse.Namespace) -> int:
+    """Two real Synthea notes decomposed by the local model, after the patient's coded history."""
+    import base64
+    import socket
+    import tempfile
+    import urllib.request
+
+    from stam import stack
+    from stam.publish import publish_paths
+
+    bulk = Path(args.bulk)
+    if not (bulk / "DocumentReference.000.ndjson").is_file():
+        print(f"Synthea bulk folder {bulk} not found (the shared data folder is expected at ../shared/data)",
+              file=sys.stderr)
+        return 1
+    home = Settings().home
+    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
+    started_stack = stack.read_stack(home) is None
+    stack.up(home)
+    settings = load_settings()
+    from topology.admin import ensure_topics
+
+    asyncio.run(ensure_topics(settings))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    print(f"2/6 serving {args.model} with Ray Serve (llama.cpp on CPU) on port {port} ...")
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    serve_log = open(logs / "serve.log", "ab")  # noqa: SIM115 - lives as long as the server
+    server = subprocess.Popen([sys.executable, "-m", "stam.cli", "serve", "--model", args.model, "--port", str(port)],
+                              stdout=serve_log, stderr=subprocess.STDOUT, start_new_session=True)
+    worker_log = open(logs / "worker.log", "ab")  # noqa: SIM115
+    worker: subprocess.Popen[bytes] | None = None
+    llm_url = f"http://127.0.0.1:{port}/v1"
+    metrics_port = 0
+    try:
+        if not _wait_http(f"{llm_url}/models", 600, server):
+            print(f"the model server did not start; see {logs / 'serve.log'}")
+            return 1
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            metrics_port = sock.getsockname()[1]
+        print("3/6 starting the write-path worker with the language-model reasoner ...")
+        worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+                                  env=dict(_stack_env(settings), STAM_LLM_URL=llm_url, STAM_LLM_MODEL=args.model,
+                                           STAM_LLM_CONCURRENCY="1", STAM_METRICS_PORT=str(metrics_port)),
+                                  stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
+        folder = Path(tempfile.mkdtemp(prefix="stam-demo-notes-"))
+        notes_raw = [json.loads(line) for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
+                     if any(n in line for n in DEMO_NOTES)]
+        until = max(n["context"]["period"]["start"] for n in notes_raw)[:19]
+        for rtype in ("Condition", "MedicationRequest", "Encounter"):
+            keep = [line for line in (bulk / f"{rtype}.000.ndjson").read_text().splitlines()
+                    if DEMO_NOTES_PATIENT in line and _started(json.loads(line)) < until]
+            (folder / f"{rtype}.000.ndjson").write_text("\n".join(keep) + "\n")
+        (folder / "DocumentReference.000.ndjson").write_text("\n".join(json.dumps(n) for n in notes_raw) + "\n")
+        from stam.sources.fhir_ndjson import load_ndjson
+
+        entries = load_ndjson([folder]).entries
+        note_entries = {e.entry_id for e in entries if e.resource_type == "DocumentReference"}
+        print(f"4/6 publishing {len(entries) - len(note_entries)} coded entries of one Synthea patient (no model "
+              f"call) and {len(note_entries)} of their notes:")
+        for n in sorted(notes_raw, key=lambda n: n["context"]["period"]["start"]):
+            text = base64.b64decode(n["content"][0]["attachment"]["data"]).decode().strip()
+            print("    --- note of " + n["context"]["period"]["start"][:10] + " ---\n    "
+                  + text[text.find("# Medications"):].replace("\n", "\n    ")[:400])
+        summary = asyncio.run(publish_paths(settings, [folder]))
+        print(f"    sent {summary.sent} entries")
+        print("5/6 what the model made of the notes (each fact: its store, the relations the link+update call "
+              "made, the facts it ended):")
+        started = time.monotonic()
+        counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in entries},
+                                                  timeout=args.timeout, show=True, show_entries=note_entries))
+        elapsed = time.monotonic() - started
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        calls = _metric_sum(metrics, 'stam_llm_calls_total{outcome="ok"}')
+        prompt = _metric_sum(metrics, 'stam_llm_tokens_total{kind="prompt"}')
+        completion = _metric_sum(metrics, 'stam_llm_tokens_total{kind="completion"}')
+        print(f"    {counts['entries_done']}/{len(entries)} entries applied in {elapsed:.0f}s, "
+              f"{counts['dead_letters']} dead letters; model calls {calls:.0f} (prompt tokens {prompt:.0f}, "
+              f"completion tokens {completion:.0f})")
+        print("6/6 ask: 'Which medications is the patient taking?'")
+        from schemas.query import QueryRequest
+
+        service = _query_service(settings)
+        answer = asyncio.run(service.answer(QueryRequest(request_id="demo-notes", patient_id=DEMO_NOTES_PATIENT,
+                                                         question="Which medications is the patient taking?",
+                                                         k_active=6, k_history=3)))
+        if answer.packet is not None:
+            print("    " + answer.packet.rendered.replace("\n", "\n    "))
+        print(f"\nFull export: STAM_HOME={home} .venv/bin/stam state --patient {DEMO_NOTES_PATIENT} --json")
+        return 0 if counts["entries_done"] == len(entries) and counts["dead_letters"] == 0 else 1
+    finally:
+        for proc in (worker, server):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        serve_log.close()
+        worker_log.close()
+        if started_stack and not args.keep:
+            stack.down(home)
+
+
+def _started(resource: dict[str, Any]) -> str:
+    return str(resource.get("authoredOn") or resource.get("onsetDateTime")
+               or (resource.get("period") or {}).get("start") or "")
+
+
+def _metric_sum(text: str, prefix: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -497,6 +638,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=25)
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("demo-notes", help="two real Synthea notes decomposed by the local language model",
+                       description="Starts the embedded stack, the Ray Serve app with a local GGUF model "
+                       "(llama.cpp on CPU) and a worker pointed at it; publishes one patient's coded history "
+                       "and two of their notes; shows the facts the model extracted, their relations and "
+                       "transitions, the model calls and tokens, and one question.")
+    p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m",
+                   help="packaged model (make models-1.5b) or qwen2.5-coder-0.5b-instruct-q4_k_m (faster, weaker)")
+    p.add_argument("--bulk", default="../shared/data/synthea-bulk-10p")
+    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
+    p.set_defaults(fn=cmd_demo_notes)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

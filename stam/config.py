@@ -63,6 +63,24 @@ class Settings(BaseSettings):
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
 
+    # --- language model (free text) -------------------------------------------------------------------
+    llm_url: str = Field(default="", description="OpenAI-compatible base URL of the reasoning model (the Ray "
+                         "Serve app: http://127.0.0.1:8000/v1); empty: notes are kept verbatim, not decomposed")
+    llm_model: str = Field(default="qwen2.5-coder-1.5b-instruct-q4_k_m", description="Model name sent to it")
+    llm_api_key: SecretStr | None = None
+    llm_timeout_s: float = Field(default=600.0, gt=0, description="Per call (a long note on CPU takes minutes)")
+    llm_retries: int = Field(default=2, ge=0, description="Retries of a failed call (connection, 429, 5xx)")
+    llm_concurrency: int = Field(default=4, ge=1, description="Calls in flight per worker process")
+    llm_attempts: int = Field(default=3, ge=1, description="Replies asked for before an entry is dead-lettered "
+                              "for invalid model output")
+    llm_max_current: int = Field(default=10, ge=1, description="CURRENT candidates shown per link+update call")
+    llm_max_past: int = Field(default=4, ge=0, description="PAST candidates shown per call (context)")
+    llm_min_score: float = Field(default=0.35, description="Semantic-only candidates below this cosine are not "
+                                 "shown to the model; a memory left with no CURRENT candidate costs no call")
+    llm_extract_max_tokens: int = Field(default=1500, ge=64)
+    llm_repetition_penalty: float = Field(default=1.1, gt=0, description="Sent with extraction calls (vLLM and "
+                                          "the llama.cpp replica accept it); 1.0 sends none")
+
     # --- read path -----------------------------------------------------------------------------------
     query_app_id: str = Field(default="stam-query", description="Consumer group of the query workers")
     query_web_port: int = Field(default=6067, ge=0, le=65535,

@@ -8,8 +8,11 @@ MESSAGES = Counter("stam_messages_total", "Messages handled per stage and outcom
 STAGE_SECONDS = Histogram(
     "stam_stage_seconds", "Time spent in a stage function per message", ["stage"],
     buckets=(0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-             0.5, 1.0, 2.5, 5.0),
+             0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),  # the tail: model calls on a CPU
 )
+FREE_TEXT = Counter("stam_free_text_entries_total",
+                    "Entries carrying free text, by handling: 'decomposed' by the language model, or kept "
+                    "'verbatim' as one note memory because no model is configured", ["handling"])
 TRANSITIONS = Counter("stam_transitions_total", "State transitions applied", ["kind", "reason"])
 REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact were redone because the patient state moved meanwhile")

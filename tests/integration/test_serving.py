@@ -67,3 +67,83 @@ def test_schema_constrained_extraction_from_a_real_note(served: str) -> None:
     assert client.usage.calls == 1 and client.usage.prompt_tokens == result.prompt_tokens
     models = json.loads(urllib.request.urlopen(f"{served}/models", timeout=30).read())
     assert models["data"][0]["id"] == "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+MODEL_NOTE_ID = "00d2ed9f-74f9-2ca0-1b88-e711d800c300"  # 1998-11-30; "# Medications: lisinopril 10 mg ...;
+MODEL_NOTE_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"  # hydrochlorothiazide 25 mg oral tablet"
+
+
+def _patient_files(tmp: Any) -> tuple[list[Any], str]:
+    """The patient's conditions, orders and encounters up to the note's date, and the note itself, as NDJSON."""
+    bulk = DATA / "synthea-bulk-10p"
+    note_text = ""
+    paths = []
+    for rtype in ("Condition", "MedicationRequest", "Encounter", "DocumentReference"):
+        keep = []
+        for line in (bulk / f"{rtype}.000.ndjson").read_text().splitlines():
+            if MODEL_NOTE_PATIENT not in line:
+                continue
+            r = json.loads(line)
+            if rtype == "DocumentReference":
+                if r["id"] == MODEL_NOTE_ID:
+                    keep.append(line)
+                    note_text = base64.b64decode(r["content"][0]["attachment"]["data"]).decode()
+                continue
+            when = r.get("authoredOn") or r.get("onsetDateTime") or (r.get("period") or {}).get("start") or ""
+            if when and when[:10] <= "1998-11-30":
+                keep.append(line)
+        path = tmp / f"{rtype}.000.ndjson"
+        path.write_text("\n".join(keep) + "\n")
+        paths.append(path)
+    return paths, note_text
+
+
+def test_a_real_note_is_decomposed_through_the_write_path(served: str, stack_settings: Any, tmp_path: Any) -> None:
+    """The worker, pointed at the Ray Serve app (0.5B on CPU), decomposes a real Synthea note streamed
+    through the broker after the patient's coded history: the medications the note names become memories
+    of that patient with spans into the note, each note fact costs at most one link+update call, and
+    nothing is dead-lettered."""
+    import asyncio
+    import urllib.request
+
+    from stam.publish import publish_paths
+    from tests.integration.broker import _collect
+    from tests.integration.conftest import _free_port, _stam_process
+
+    if not NOTES.is_file():
+        pytest.skip(f"shared data not found at {NOTES}")
+    paths, note_text = _patient_files(tmp_path)
+    metrics_port = _free_port()
+    with _stam_process(stack_settings, "worker", "worker-llm.log", STAM_LLM_URL=served,
+                       STAM_LLM_MODEL="qwen2.5-coder-0.5b-instruct-q4_k_m", STAM_LLM_CONCURRENCY="1",
+                       STAM_METRICS_PORT=str(metrics_port)):
+        summary = asyncio.run(publish_paths(stack_settings, paths))
+        assert summary.dead_lettered == 0 and summary.sent > 20
+        from stam.sources.fhir_ndjson import load_ndjson
+
+        entries = load_ndjson(paths).entries
+        note_entry = next(e for e in entries if e.source_ref == f"DocumentReference/{MODEL_NOTE_ID}")
+        transitions, letters = asyncio.run(_collect(stack_settings, {e.entry_id for e in entries}, timeout=900))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    assert letters == []
+    added = [t["memory"] for t in transitions if t["kind"] == "added" and t["entry_id"] == note_entry.entry_id]
+    assert added and all(m["patient_id"] == MODEL_NOTE_PATIENT for m in added)
+    assert all(m["category"] != "note" for m in added), "the note was kept verbatim, not decomposed"
+    meds = " | ".join(m["text"].lower() for m in added if m["category"] == "medication")
+    assert "lisinopril" in meds and "hydrochlorothiazide" in meds, meds
+    for m in added:
+        span = m["span"]
+        if span is not None:  # each span points into the note at words of the fact
+            quoted = note_text[span["start"]:span["end"]].lower()
+            assert quoted and quoted.split()[0] in m["text"].lower()
+    assert sum(m["span"] is not None for m in added) >= len(added) // 2
+    # Cost: one extraction call for the note, at most one link+update call per note fact.
+    calls = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                if line.startswith('stam_llm_calls_total{outcome="ok"}'))
+    assert 1 <= calls <= 1 + len(added), (calls, len(added))
+    assert MODEL_NOTE_PATIENT not in metrics
+    # Relations the model made point at memories of this patient that existed before the note.
+    known = {t["memory_id"] for t in transitions if t["kind"] == "added"}
+    for t in transitions:
+        if t["entry_id"] == note_entry.entry_id:
+            assert all(r["target_id"] in known for r in t["relations"])
