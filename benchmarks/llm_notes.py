@@ -101,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notes", type=int, default=0, help="First N gold notes only (0: all)")
     ap.add_argument("--n-ctx", type=int, default=4096)
     ap.add_argument("--no-history", action="store_true", help="Notes alone, without the coded history first")
+    ap.add_argument("--repetition-penalty", type=float, default=None,
+                    help="Sent with extraction calls (default: the reasoner's)")
     args = ap.parse_args(argv)
     if not BULK.is_dir():
         print(json.dumps({"skipped": f"shared data not found at {BULK}"}))
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         blocking=False, num_cpus=2)
     serve_start_s = time.perf_counter() - started
     client = LLMClient(f"http://127.0.0.1:{port}/v1", args.model, timeout_s=900, retries=1, max_concurrency=1)
-    model = ModelReasoner(client, parallel=1)
+    model = ModelReasoner(client, parallel=1) if args.repetition_penalty is None else ModelReasoner(
+        client, parallel=1, repetition_penalty=args.repetition_penalty)
     embedder = Embedder()
     tmp = Path(tempfile.mkdtemp(prefix="stam-llm-bench-"))
     vectors = MilvusVectorStore(str(tmp / "milvus.db"), dim=embedder.dim)
@@ -235,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = totals["tp"] / max(totals["gold"], 1)
     report = {
         "benchmark": "llm_notes", "model": args.model, "engine": "llama.cpp via Ray Serve (CPU)",
+        "repetition_penalty": model.repetition_penalty, "extract_max_tokens": model.extract_max_tokens,
         "notes": len(per_note), "dead_lettered_notes": sum(r["dead_lettered"] is not None for r in per_note),
         "with_history": not args.no_history, "serve_start_s": round(serve_start_s, 1),
         "seconds_per_note": {"mean": mean("seconds"), "max": max(r["seconds"] for r in per_note)},

@@ -11,6 +11,7 @@
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
   stam demo                     all of the above on one real Synthea patient
+  stam eval state|questions     write-time state diagnostics (MIMIC-IV gold, ablation variants); MIMIC-QA set
   stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
@@ -538,6 +539,69 @@ def _metric_sum(text: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
+def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    head = [title for _, title in columns]
+    body = [["" if r.get(key) is None else f"{r[key]:.3f}" if isinstance(r.get(key), float) else str(r[key])
+             for key, _ in columns] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in [head, *body])
+
+
+def cmd_eval_state(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tqdm import tqdm
+
+    from stam.embedding import Embedder
+    from stam.eval.state import VARIANTS, evaluate_mimic
+
+    root = Path(args.mimic)
+    variants = list(VARIANTS) if args.variant == "all" else args.variant.split(",")
+    subjects = args.subjects.split(",") if args.subjects else None
+    tables = args.tables.split(",")
+    embedder = Embedder()
+    reports = []
+    for variant in variants:
+        bar = tqdm(desc=f"replaying ({variant})", unit=" entries", file=sys.stderr, disable=args.quiet,
+                   mininterval=0.5)
+
+        def progress(n: int, bar: Any = bar) -> None:
+            bar.update(n - bar.n)
+
+        with tempfile.TemporaryDirectory(prefix="stam-eval-") as work:
+            reports.append(evaluate_mimic(root, subjects=subjects, tables=tables, variant=variant, workdir=Path(work),
+                                          embedder=embedder, progress=progress, samples_per_patient=args.samples))
+        bar.close()
+    rows = [{"variant": r["variant"], "recall": r["pairs"]["recall"], "archived": r["pairs"]["archived"],
+             "ceiling": r["pairs"]["impact_ceiling"], "false": r["false_archival"]["rate"],
+             "fraction": r["archived_fraction"], "pit": r.get("point_in_time", {}).get("agreement"),
+             "pairs": r["pairs"]["total"], "entries": r["entries"], "seconds": r["seconds"]} for r in reports]
+    print(_table(rows, [("variant", "variant"), ("recall", "pair recall"), ("archived", "old archived"),
+                        ("ceiling", "impact ceiling"), ("false", "false archival"), ("fraction", "archived frac"),
+                        ("pit", "point-in-time"), ("pairs", "gold pairs"), ("entries", "entries"),
+                        ("seconds", "s")]), file=sys.stderr)
+    out = {"eval": "state", "mimic": str(root), "subjects": subjects, "tables": tables, "reports": reports}
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_eval_questions(args: argparse.Namespace) -> int:
+    from collections import Counter
+
+    from stam.eval.mimic_qa import build_questions, write_jsonl
+
+    subjects = args.subjects.split(",") if args.subjects else None
+    questions = build_questions(Path(args.mimic), per_patient=args.per_patient, seed=args.seed, subjects=subjects)
+    write_jsonl(questions, Path(args.out))
+    print(json.dumps({"questions": len(questions), "out": args.out,
+                      "by_type": dict(sorted(Counter(q.qtype for q in questions).items())),
+                      "by_split": dict(sorted(Counter(q.split for q in questions).items())),
+                      "patients": len({q.patient_id for q in questions})}, indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="stam", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -650,6 +714,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1200.0)
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
     p.set_defaults(fn=cmd_demo_notes)
+
+    p = sub.add_parser("eval", help="evaluation: write-time state diagnostics, the MIMIC-QA question set",
+                       description="Instruments of the paper's evaluation (sections 4-6, appendices A-F).")
+    ev = p.add_subparsers(dest="eval_command", required=True)
+    q = ev.add_parser("state", help="replay MIMIC-IV patients and diagnose the state against the rows' gold",
+                      description="Gold from the rows (POE Change and D/C links, pharmacy stops, repeated labs): "
+                      "supersession-pair recall, impact-candidate ceiling, false archival, archived fraction, "
+                      "point-in-time agreement. Prints a table on stderr and the JSON report on stdout.")
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
+    q.add_argument("--subjects", help="comma-separated subject_ids (default: all)")
+    q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+    q.add_argument("--variant", default="stam", help="stam, semantic-only, no-relations, rule-measurement-dose, "
+                   "rule-non-episodic, append-only; comma-separated, or 'all'")
+    q.add_argument("--samples", type=int, default=10, help="point-in-time samples per patient")
+    q.add_argument("--out", help="also write the JSON report here")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(fn=cmd_eval_state)
+    q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
+    q.add_argument("--subjects")
+    q.add_argument("--per-patient", type=int, default=12)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--out", default="mimic-qa.jsonl")
+    q.set_defaults(fn=cmd_eval_questions)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)

@@ -77,6 +77,8 @@ class Deps:
     impact_budget: int = 48
     graph_seeds: int = 3
     graph_seed_min: float = 0.5
+    impact_channels: frozenset[Channel] = frozenset(Channel)
+    """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
     commit_retries: int = 5
     clock: Callable[[], datetime] = field(default=_utcnow)
     inflight: InFlight = field(default_factory=InFlight)
@@ -189,7 +191,9 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             deps: Deps, entry: RecordEntry | None = None) -> dict[str, list[Impact]]:
     """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, resources the entry explicitly replaces or
     discontinues, and one graph hop, per new memory."""
-    explicit = [r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
+    channels = deps.impact_channels
+    explicit = ([r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
+                if Channel.CODE in channels else [])
     vectors = _vectors(memories, deps)
     semantic = _semantic(memories, vectors, state, deps)
     known = state.memories
@@ -212,12 +216,12 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             if rel is not None and (slot[2] is None or rel[0] > slot[2][0]):
                 slot[2] = rel
 
-        for h in hits:
+        for h in hits if Channel.SEMANTIC in channels else ():
             note(h.memory_id, Channel.SEMANTIC, h.score)
-        if m.concept_key:
+        if m.concept_key and Channel.CODE in channels:
             for s in state.by_concept(m.concept_key):
                 note(s.memory.memory_id, Channel.CODE, 1.0)
-        for ref in ([m.source_ref] if m.source_ref else []) + explicit:
+        for ref in ([m.source_ref] if m.source_ref and Channel.CODE in channels else []) + explicit:
             for s in state.by_source(ref):
                 note(s.memory.memory_id, Channel.CODE, 1.0)
         # Graph channel: the memories this entry links ``m`` to, and one hop from each of them in the
@@ -231,7 +235,7 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             seeds = [(h.memory_id, h.score, cast(RelationType | None, None)) for h in hits
                      if h.score >= deps.graph_seed_min and h.memory_id in known
                      and known[h.memory_id].store is Store.ACTIVE][: deps.graph_seeds]
-        for linked, weight, rtype0 in seeds:
+        for linked, weight, rtype0 in seeds if Channel.GRAPH in channels else ():
             if rtype0 is not None:
                 note(linked, Channel.GRAPH, weight, (weight, rtype0))
             for nb, rtype, w in state.neighbours(linked):

@@ -149,7 +149,7 @@ class ModelReasoner:
 
     def __init__(self, client: LLMClient, *, attempts: int = 3, max_current: int = 10, max_past: int = 4,
                  min_score: float = 0.35, extract_max_tokens: int = 1500, judge_max_tokens: int = 256,
-                 repetition_penalty: float = 1.1, parallel: int = 4, cache_size: int = 4096) -> None:
+                 repetition_penalty: float = 1.0, parallel: int = 4, cache_size: int = 4096) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         self.client = client
@@ -157,8 +157,10 @@ class ModelReasoner:
         self.max_current = max_current
         self.max_past = max_past
         self.min_score = min_score
-        # Long lists invite small models into loops (one item repeated to the token limit); a mild
-        # repetition penalty on extraction stops them. Judgements are short and are left unpenalised.
+        # Small models can loop on long lists (one item repeated to the token limit; the schema's maxItems and
+        # the de-duplication bound the damage). A repetition penalty stops loops but also penalises the JSON
+        # keys every fact repeats and ends lists early: on the gold notes 1.1 cut the 1.5B model's recall from
+        # 0.71 to 0.55 (benchmarks/llm_notes.py). Off by default; sent with extraction calls when set.
         self.repetition_penalty = repetition_penalty
         self.extract_max_tokens = extract_max_tokens
         self.judge_max_tokens = judge_max_tokens

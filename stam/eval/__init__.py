@@ -1,0 +1,1 @@
+"""Evaluation: write-time state diagnostics, QA metrics and paired tests (stam eval)."""

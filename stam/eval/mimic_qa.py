@@ -1,0 +1,500 @@
+"""MIMIC-QA: a deterministic question set over the MIMIC-IV (demo) tables, answered from the rows themselves.
+
+In the spirit of the paper's MIMIC-QA (template questions with answer operations, no language model anywhere,
+a patient-disjoint split), restricted to what the project publishes: every question's ``evidence`` is a tuple of
+entry ids that :mod:`stam.sources.mimic` produces for that patient (``mimic-iv:labevents:<labevent_id>``,
+``mimic-iv:poe:<poe_id>``, ``mimic-iv:pharmacy:<pharmacy_id>:start|:stop``, ``mimic-iv:admissions:<hadm_id>``).
+
+Times are MIMIC clinical times (lab ``charttime``, pharmacy ``starttime``/``stoptime``, POE ``ordertime``), read
+as UTC like the loader does; ``as_of`` is an ISO string with ``+00:00`` and a row counts when its time is at or
+before ``as_of`` (inclusive). Templates (``qtype``):
+
+- ``first_value`` / ``last_value``: the earliest / latest result of a lab item (d_labitems ``label (fluid)``).
+  Results sharing the first (last) ``charttime`` are all evidence; if they disagree, the question is skipped.
+- ``min_value`` / ``max_value``: the lowest / highest numeric result; every row with that value is evidence.
+- ``value_at_time``: the result in effect at ``as_of`` = the latest result at or before it. ``as_of`` is the
+  midpoint (floored to the minute) between one result time and the item's next, so it is never the last one.
+- ``current_medication``: at ``as_of`` (the moment some pharmacy order ended), among the pharmacy orders active
+  then (start <= as_of < end), the drug of the one started most recently. An order's end is what the loader
+  publishes: the ordertime of the POE 'Change'/'D/C' that ended it, else the pharmacy ``stoptime`` (orders with
+  no stop, on hold, or ended before they started are never active). Evidence: the order's ``:start`` entry.
+  Skipped when the most recent start is shared by two drugs, or when a POE medication order placed since then
+  is still open at ``as_of`` (POE orders without pharmacy rows stay active in the published rows) for another
+  drug.
+- ``discontinued_medication``: at ``as_of`` (a discontinuation time), the medication order discontinued or
+  changed most recently: a POE medication order ended by one 'D/C' or 'Change' (evidence: the order's row and
+  the ending row), or a pharmacy order with a discontinued status that no POE order ended (evidence: its
+  ``:start`` and ``:stop``). Skipped when something else ended at the same time: another drug, or an order
+  whose drug the rows do not name (an order ended twice, an IV order, an unnamed medication).
+- ``count``: the number of hospital admissions (whole record, ``as_of`` None; evidence: every admission), or
+  the number of results of a lab item charted up to ``as_of`` (evidence: those rows).
+
+Lab questions use only items with a d_labitems label that no other item of the same patient shares (the
+published entry displays ``label (fluid)``: e.g. blood-gas and chemistry "Glucose (Blood)" would be the same
+words) and, for the value templates, with >= 3 numeric results in one unit (MCHC is written in % and g/dL).
+Numbers are ``valuenum`` as MIMIC writes it, followed by ``valueuom`` when there is one.
+
+Choice: for each patient and template, candidates are ordered by a hash of (seed, question_id); templates are
+taken round robin from a per-patient rotation of :data:`QTYPES` until ``per_patient`` questions (the admissions
+count is the first ``count`` candidate). The split is by a hash of the patient id (60/20/20), so a patient's
+questions are all in one split whatever the seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import json
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import IO
+
+from stam.errors import SourceError
+from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, is_mimic_root
+
+__all__ = ["QTYPES", "SPLITS", "Question", "build_questions", "read_jsonl", "split_of", "write_jsonl"]
+
+QTYPES: tuple[str, ...] = ("first_value", "last_value", "min_value", "max_value", "value_at_time",
+                           "current_medication", "discontinued_medication", "count")
+SPLITS: tuple[str, ...] = ("train", "dev", "test")
+# Pharmacy statuses that mean the order was stopped before running its course (the loader's "stopped").
+_DISCONTINUED = frozenset(k for k, v in _PHARMACY_STATUS.items() if v == "stopped")
+
+
+@dataclass(frozen=True)
+class Question:
+    """One question: ``answer`` is computed from the rows at or before ``as_of`` (the whole record when None);
+    ``evidence`` holds the entry ids of the rows that support it."""
+
+    question_id: str
+    patient_id: str
+    qtype: str
+    question: str
+    answer: str
+    as_of: str | None
+    evidence: tuple[str, ...]
+    split: str
+
+
+def split_of(patient_id: str) -> str:
+    """train / dev / test (60/20/20) from a stable hash of the patient id."""
+    bucket = _hash("split", patient_id) % 100
+    return "train" if bucket < 60 else "dev" if bucket < 80 else "test"
+
+
+def _hash(*parts: str) -> int:
+    return int.from_bytes(hashlib.sha256("\x1f".join(parts).encode()).digest()[:8], "big")
+
+
+# --- reading -------------------------------------------------------------------------------------------------
+
+
+def _open(root: Path, table: str) -> IO[str] | None:
+    for name in (f"{table}.csv.gz", f"{table}.csv"):
+        path = root / "hosp" / name
+        if path.is_file():
+            return gzip.open(path, "rt", newline="", encoding="utf-8") if name.endswith(".gz") else \
+                path.open(newline="", encoding="utf-8")
+    return None
+
+
+def _columns(root: Path, table: str, columns: tuple[str, ...], subjects: set[str] | None) -> Iterator[tuple[str, ...]]:
+    """The named columns of a hosp table, row by row (rows of the chosen subjects when the table has subject_id)."""
+    fh = _open(root, table)
+    if fh is None:
+        return
+    with fh:
+        reader = csv.reader(fh)
+        header = next(reader)
+        idx = [header.index(c) for c in columns]
+        sub = header.index("subject_id") if "subject_id" in header else None
+        for row in reader:
+            if subjects is None or sub is None or row[sub] in subjects:
+                yield tuple(row[i] for i in idx)
+
+
+def _t(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def _readable(value: str) -> bool:
+    """A time the loader can read (a row whose time it cannot read is a BadInput, not an entry)."""
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _iso(t: datetime) -> str:
+    return t.replace(tzinfo=UTC).isoformat()
+
+
+def _shown(t: datetime) -> str:
+    return t.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _compact(t: datetime) -> str:
+    return t.strftime("%Y%m%dT%H%M%S")
+
+
+@dataclass(frozen=True)
+class _Lab:
+    labevent_id: str
+    itemid: str
+    time: datetime
+    valuenum: str
+    unit: str
+
+    @property
+    def entry_id(self) -> str:
+        return f"{SOURCE}:labevents:{self.labevent_id}"
+
+    @property
+    def answer(self) -> str:
+        return f"{self.valuenum} {self.unit}".strip()
+
+
+@dataclass(frozen=True)
+class _Order:
+    """A pharmacy order (key = pharmacy_id) as the loader publishes it: active over [start, end) when ``end`` is
+    set; or a POE medication order (key = poe_id) from its ordertime to the ordertime of the order that ended it."""
+
+    key: str
+    name: str
+    start: datetime
+    end: datetime | None
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """A medication order discontinued (or changed) at ``time``; ``name`` "" when the published rows name no drug."""
+
+    time: datetime
+    name: str
+    evidence: tuple[str, ...]
+
+
+@dataclass
+class _Patient:
+    labs: dict[str, list[_Lab]]
+    admissions: list[tuple[datetime, str]]
+    orders: list[_Order]
+    poe_orders: list[_Order]
+    stops: list[_Stop]
+
+
+def _drug(names: list[tuple[int, str, str]]) -> str:
+    """The loader's drug name of an order: its first prescription of drug_type MAIN, else its first prescription."""
+    return min(names, key=lambda x: (x[1] != "MAIN", x[0]))[2].strip()
+
+
+def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], dict[str, str]]:
+    """Each patient's rows (only the columns the templates need, each table read once) and lab item displays."""
+    labitems = {i: (label.strip(), fluid.strip())
+                for i, label, fluid in _columns(root, "d_labitems", ("itemid", "label", "fluid"), None)}
+    labs: dict[str, dict[str, list[_Lab]]] = defaultdict(lambda: defaultdict(list))
+    all_items: dict[str, set[str]] = defaultdict(set)
+    for lid, subject, itemid, charttime, valuenum, unit in _columns(
+            root, "labevents", ("labevent_id", "subject_id", "itemid", "charttime", "valuenum", "valueuom"), subjects):
+        all_items[subject].add(itemid)
+        if not _readable(charttime):
+            continue
+        labs[subject][itemid].append(_Lab(lid, itemid, _t(charttime), valuenum.strip(), unit.strip()))
+    admissions: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+    for subject, hadm, admittime in _columns(root, "admissions", ("subject_id", "hadm_id", "admittime"), subjects):
+        if _readable(admittime):
+            admissions[subject].append((_t(admittime), hadm))
+
+    # Drug names, the way the loader names orders (file order kept as the first tuple element).
+    rx_by_pharmacy: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+    rx_by_poe: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+    for n, (pid, poe_id, kind, drug) in enumerate(
+            _columns(root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug"), subjects)):
+        if pid:
+            rx_by_pharmacy[pid].append((n, kind, drug))
+        if poe_id:
+            rx_by_poe[poe_id].append((n, kind, drug))
+    emar_med = {poe_id: med for poe_id, med in _columns(root, "emar", ("poe_id", "medication"), subjects) if poe_id}
+    pharmacy = list(_columns(root, "pharmacy", ("subject_id", "pharmacy_id", "poe_id", "starttime", "entertime",
+                                                 "stoptime", "status", "medication"), subjects))
+    pharmacy_med = {r[2]: r[7] for r in pharmacy if r[2]}  # the last pharmacy row of an order, as the loader
+
+    # POE: which order ended which (the loader's rule: discontinued_by_poe_id, overridden by the
+    # discontinue_of_poe_id of each Change / D/C row in file order), and how many rows ended each order.
+    poe: dict[str, tuple[str, ...]] = {}
+    for r in _columns(root, "poe", ("poe_id", "subject_id", "ordertime", "order_type", "transaction_type",
+                                    "discontinue_of_poe_id", "discontinued_by_poe_id"), subjects):
+        if _readable(r[2]):
+            poe[r[0]] = r
+    ended_by: dict[str, str] = {}
+    for pid, _, _, _, _, _, by in poe.values():
+        if by and by in poe:
+            ended_by.setdefault(pid, by)
+    enders: Counter[str] = Counter()
+    for pid, _, _, _, tx, of, _ in poe.values():
+        if of and tx in ("Change", "D/C"):
+            ended_by[of] = pid
+            enders[of] += 1
+
+    orders: dict[str, list[_Order]] = defaultdict(list)
+    stops: dict[str, list[_Stop]] = defaultdict(list)
+    for subject, pid, poe_id, starttime, entertime, stoptime, status, med in pharmacy:
+        rx = rx_by_pharmacy.get(pid, [])
+        name = _drug(rx) if rx else med.strip()
+        if not name or not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
+            continue
+        start = _t(starttime or entertime)
+        ender = ended_by.get(poe_id) if poe_id else None
+        if ender is not None:
+            # The POE order that ended this one is the published stop (no ':stop' entry).
+            ended = _t(poe[ender][2])
+            orders[subject].append(_Order(pid, name, start, ended if ended > start else None))
+        elif stoptime and status in _PHARMACY_STATUS and status != "H":
+            stop = max(_t(stoptime), start)
+            orders[subject].append(_Order(pid, name, start, stop))
+            if status in _DISCONTINUED:
+                stops[subject].append(_Stop(stop, name, (f"{SOURCE}:pharmacy:{pid}:start",
+                                                         f"{SOURCE}:pharmacy:{pid}:stop")))
+
+    def poe_name(poe_id: str) -> str:
+        rx = rx_by_poe.get(poe_id, [])
+        return _drug(rx) if rx else (pharmacy_med.get(poe_id) or emar_med.get(poe_id) or "").strip()
+
+    poe_orders: dict[str, list[_Order]] = defaultdict(list)
+    for pid, subject, ordertime, order_type, tx, of, _ in poe.values():
+        if order_type == "Medications" and tx in ("New", "Change"):
+            ender = ended_by.get(pid)
+            poe_orders[subject].append(_Order(pid, poe_name(pid), _t(ordertime), _t(poe[ender][2]) if ender else None))
+        if tx not in ("Change", "D/C") or not of:
+            continue
+        name = poe_name(of) if order_type == "Medications" and of in poe and enders[of] == 1 else ""
+        if name:
+            stops[subject].append(_Stop(_t(ordertime), name, (f"{SOURCE}:poe:{of}", f"{SOURCE}:poe:{pid}")))
+        elif order_type == "Medications" or of in pharmacy_med:
+            # Ends a medication (or an IV order with pharmacy rows) without one drug to name: no question at its time.
+            stops[subject].append(_Stop(_t(ordertime), "", ()))
+
+    displays = {i: (f"{label} ({fluid})" if fluid else label) for i, (label, fluid) in labitems.items() if label}
+    out: dict[str, _Patient] = {}
+    for subject in sorted(set(labs) | set(admissions) | set(orders) | set(poe_orders) | set(stops)):
+        # A display shared by two items of the patient would make the question ambiguous: neither is asked about.
+        shared = Counter(displays[i] for i in all_items[subject] if i in displays)
+        kept = {i: sorted(rows, key=lambda r: (r.time, int(r.labevent_id)))
+                for i, rows in labs[subject].items() if i in displays and shared[displays[i]] == 1}
+        out[subject] = _Patient(kept, sorted(admissions[subject]),
+                                sorted(orders[subject], key=lambda o: (o.start, o.key)),
+                                sorted(poe_orders[subject], key=lambda o: (o.start, o.key)),
+                                sorted(stops[subject], key=lambda s: (s.time, s.evidence)))
+    return out, displays
+
+
+# --- templates -----------------------------------------------------------------------------------------------
+
+_Make = Callable[[], "Question | None"]
+_Candidate = tuple[int, str, _Make]  # (order key, question id, builds the question or None when ambiguous)
+
+
+class _Templates:
+    """The candidate questions of one patient, by qtype."""
+
+    def __init__(self, patient: str, rows: _Patient, displays: dict[str, str], seed: int) -> None:
+        self.patient = patient
+        self.rows = rows
+        self.displays = displays
+        self.seed = str(seed)
+
+    def qid(self, template: str, params: str) -> str:
+        return f"mimic-qa:{template}:{self.patient}:{params}"
+
+    def question(self, qid: str, qtype: str, text: str, answer: str, as_of: datetime | None,
+                 evidence: Iterable[str]) -> Question:
+        return Question(qid, self.patient, qtype, text, answer, _iso(as_of) if as_of else None,
+                        tuple(evidence), split_of(self.patient))
+
+    def candidate(self, qid: str, make: _Make, first: bool = False) -> _Candidate:
+        return (-1 if first else _hash(self.seed, qid), qid, make)
+
+    def fixed(self, q: Question) -> _Candidate:
+        return self.candidate(q.question_id, partial(_same_question, q))
+
+    def all(self) -> dict[str, list[_Candidate]]:
+        out: dict[str, list[_Candidate]] = defaultdict(list)
+        for itemid, rows in sorted(self.rows.labs.items()):
+            for qtype, cand in self.lab(itemid, rows):
+                out[qtype].append(cand)
+        out["current_medication"] = self.current()
+        out["discontinued_medication"] = self.discontinued()
+        out["count"].extend(self.admissions())
+        return out
+
+    # labs
+
+    def lab(self, itemid: str, rows: list[_Lab]) -> Iterator[tuple[str, _Candidate]]:
+        """first/last/min/max/value_at_time need >= 3 numeric results in one unit; count needs two result times."""
+        display = self.displays[itemid]
+        groups = _by_time(rows)
+        if len(groups) >= 2:
+            pick = 1 + _hash(self.seed, "count", self.patient, itemid) % (min(len(groups), 12) - 1)
+            upto = [r for g in groups[: pick + 1] for r in g]
+            when = groups[pick][0].time
+            qid = self.qid("count_lab", f"{itemid}@{_compact(when)}")
+            yield "count", self.fixed(self.question(
+                qid, "count", f"How many {display} results had been charted for the patient as of {_shown(when)}?",
+                str(len(upto)), when, (r.entry_id for r in upto)))
+        numeric = [r for r in rows if r.valuenum]
+        if len(numeric) < 3 or len({r.unit for r in numeric}) != 1:
+            return
+        for qtype, group, words in (("first_value", groups[0], "first"), ("last_value", groups[-1], "most recent")):
+            if _agreed(group):
+                qid = self.qid(qtype, itemid)
+                yield qtype, self.fixed(self.question(
+                    qid, qtype, f"What was the {words} {display} value recorded for the patient?",
+                    group[0].answer, None, (r.entry_id for r in group)))
+        values = [float(r.valuenum) for r in numeric]
+        for qtype, target, words in (("min_value", min(values), "lowest"), ("max_value", max(values), "highest")):
+            hits = [r for r, v in zip(numeric, values, strict=True) if v == target]
+            qid = self.qid(qtype, itemid)
+            yield qtype, self.fixed(self.question(
+                qid, qtype, f"What was the {words} {display} value recorded for the patient?", hits[0].answer, None,
+                (r.entry_id for r in hits)))
+        usable = [i for i in range(len(groups) - 1) if _agreed(groups[i])]
+        if usable:
+            i = usable[_hash(self.seed, "at", self.patient, itemid) % len(usable)]
+            t0, t1 = groups[i][0].time, groups[i + 1][0].time
+            mid = t0 + (t1 - t0) / 2
+            when = max(t0, mid.replace(second=0, microsecond=0))
+            qid = self.qid("value_at_time", f"{itemid}@{_compact(when)}")
+            yield "value_at_time", self.fixed(self.question(
+                qid, "value_at_time", f"As of {_shown(when)}, what was the patient's most recent {display} value?",
+                groups[i][0].answer, when, (r.entry_id for r in groups[i])))
+
+    # medications
+
+    def current(self) -> list[_Candidate]:
+        ends = sorted({o.end for o in self.rows.orders if o.end is not None})
+        return [self.candidate(self.qid("current_medication", _compact(t)), partial(self.current_at, t)) for t in ends]
+
+    def current_at(self, when: datetime) -> Question | None:
+        active = [o for o in self.rows.orders if o.end is not None and o.start <= when < o.end]
+        if not active:
+            return None
+        latest = max(o.start for o in active)
+        top = [o for o in active if o.start == latest]
+        names = {o.name for o in top}
+        if len(names) != 1:
+            return None
+        name = names.pop()
+        # A POE medication order placed since then and not ended by then (it may have no pharmacy row, or one not
+        # started yet) is a more recent active order in the published rows: unless it is the same drug, no question.
+        if any(latest <= p.start <= when and (p.end is None or p.end > when) and p.name != name
+               for p in self.rows.poe_orders):
+            return None
+        return self.question(
+            self.qid("current_medication", _compact(when)), "current_medication",
+            f"As of {_shown(when)}, which of the patient's active medication orders was started most recently?",
+            name, when, sorted(f"{SOURCE}:pharmacy:{o.key}:start" for o in top))
+
+    def discontinued(self) -> list[_Candidate]:
+        times = sorted({s.time for s in self.rows.stops})
+        return [self.candidate(self.qid("discontinued_medication", _compact(t)), partial(self.discontinued_at, t))
+                for t in times]
+
+    def discontinued_at(self, when: datetime) -> Question | None:
+        last = [s for s in self.rows.stops if s.time == when]
+        names = {s.name for s in last}
+        if len(names) != 1 or "" in names:
+            return None
+        return self.question(
+            self.qid("discontinued_medication", _compact(when)), "discontinued_medication",
+            f"As of {_shown(when)}, which medication order was most recently discontinued or changed?",
+            names.pop(), when, sorted({e for s in last for e in s.evidence}))
+
+    # admissions
+
+    def admissions(self) -> list[_Candidate]:
+        if not self.rows.admissions:
+            return []
+        qid = self.qid("count_admissions", "all")
+        q = self.question(qid, "count", "How many hospital admissions does the patient have?",
+                          str(len(self.rows.admissions)), None,
+                          (f"{SOURCE}:admissions:{hadm}" for _, hadm in self.rows.admissions))
+        return [self.candidate(qid, partial(_same_question, q), first=True)]
+
+
+def _same_question(q: Question) -> Question:
+    return q
+
+
+def _by_time(rows: list[_Lab]) -> list[list[_Lab]]:
+    groups: list[list[_Lab]] = []
+    for r in rows:
+        if groups and groups[-1][0].time == r.time:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    return groups
+
+
+def _agreed(group: list[_Lab]) -> bool:
+    """Results charted at one time that all carry the same number (a tie that cannot be broken is skipped)."""
+    return all(r.valuenum for r in group) and len({float(r.valuenum) for r in group}) == 1
+
+
+def _select(patient: str, cands: dict[str, list[_Candidate]], per_patient: int, seed: int) -> list[Question]:
+    """Round robin over the templates (per-patient rotation), each template's candidates in hash order."""
+    start = _hash("rotate", str(seed), patient) % len(QTYPES)
+    order = [*QTYPES[start:], *QTYPES[:start]]
+    queues = {qt: iter(sorted(cands.get(qt, []), key=lambda c: (c[0], c[1]))) for qt in order}
+    out: list[Question] = []
+    while len(out) < per_patient and queues:
+        for qt in order:
+            if qt not in queues or len(out) >= per_patient:
+                continue
+            q = next((q for _, _, make in queues[qt] if (q := make()) is not None), None)
+            if q is None:
+                del queues[qt]
+            else:
+                out.append(q)
+    return out
+
+
+def build_questions(root: Path, *, per_patient: int = 12, seed: int = 0,
+                    subjects: Iterable[str] | None = None) -> list[Question]:
+    """The question set of the MIMIC-IV folder ``root``: patients in ascending subject_id, up to ``per_patient``
+    questions each. Same input, same output (everything is ordered explicitly; choices are hashes of the seed)."""
+    root = Path(root)
+    if not is_mimic_root(root):
+        raise SourceError(f"{root} is not a MIMIC-IV folder (no hosp/admissions.csv.gz)")
+    wanted = {str(s) for s in subjects} if subjects is not None else None
+    patients, displays = _load(root, wanted)
+    out: list[Question] = []
+    for patient in sorted(patients, key=lambda s: (len(s), s)):
+        out.extend(_select(patient, _Templates(patient, patients[patient], displays, seed).all(), per_patient, seed))
+    return out
+
+
+def write_jsonl(questions: Iterable[Question], path: str | Path) -> int:
+    """One JSON object a line (evidence as a list); returns the number written."""
+    n = 0
+    with Path(path).open("w", encoding="utf-8") as fh:
+        for q in questions:
+            fh.write(json.dumps(asdict(q), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def read_jsonl(path: str | Path) -> list[Question]:
+    out: list[Question] = []
+    with Path(path).open(encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                d = json.loads(line)
+                d["evidence"] = tuple(d["evidence"])
+                out.append(Question(**d))
+    return out
