@@ -37,11 +37,13 @@ def redis_client(settings: Settings) -> redis.Redis:
     return client
 
 
-def build_router(settings: Settings) -> Router:
-    """The coded reasoner, plus the language-model reasoner when ``STAM_LLM_URL`` names an endpoint."""
+def build_router(settings: Settings, *, announce: bool = False) -> Router:
+    """The coded reasoner, plus the language-model reasoner when ``STAM_LLM_URL`` names an endpoint.
+    ``announce``: say at WARNING when free text will not be decomposed (the write-path worker does)."""
     if not settings.llm_url:
-        log.warning("no language model configured (STAM_LLM_URL): free-text entries are kept verbatim as one "
-                    "memory each, not decomposed into atomic facts")
+        if announce:
+            log.warning("no language model configured (STAM_LLM_URL): free-text entries are kept verbatim as "
+                        "one memory each, not decomposed into atomic facts")
         return Router(CodedReasoner())
     from stam.llm.client import LLMClient
     from stam.reasoning.model import ModelReasoner
@@ -50,7 +52,9 @@ def build_router(settings: Settings) -> Router:
                        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "",
                        timeout_s=settings.llm_timeout_s, retries=settings.llm_retries,
                        max_concurrency=settings.llm_concurrency)
-    log.info("free text is decomposed by the language model at %s (model %s)", settings.llm_url, settings.llm_model)
+    if announce:
+        log.info("free text is decomposed by the language model at %s (model %s)", settings.llm_url,
+                 settings.llm_model)
     return Router(CodedReasoner(), ModelReasoner(
         client, attempts=settings.llm_attempts, max_current=settings.llm_max_current,
         max_past=settings.llm_max_past, min_score=settings.llm_min_score, extract_max_tokens=settings.llm_extract_max_tokens,
@@ -58,7 +62,7 @@ def build_router(settings: Settings) -> Router:
         parallel=settings.llm_concurrency))
 
 
-def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
+def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce: bool = False) -> Deps:
     settings.home.mkdir(parents=True, exist_ok=True)
     client = redis_client(settings)
     embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
@@ -69,7 +73,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None) -> Deps:
                              cache_size=settings.state_cache_patients)
     projection = (VectorProjection(vectors, max_vectors=settings.projection_max_vectors)
                   if settings.impact_search == "projection" else None)
-    return Deps(router=build_router(settings), embedder=embedder, states=states, vectors=vectors,
+    return Deps(router=build_router(settings, announce=announce), embedder=embedder, states=states, vectors=vectors,
                 projection=projection, impact_budget=settings.impact_budget,
                 commit_retries=settings.commit_retries)
 
@@ -83,7 +87,7 @@ class Runtime:
     @property
     def deps(self) -> Deps:
         if self._deps is None:
-            self._deps = build_deps(self.settings)
+            self._deps = build_deps(self.settings, announce=True)
         return self._deps
 
     async def dead_letter(self, event: faust.EventT[Any], stage: str, exc: BaseException) -> None:

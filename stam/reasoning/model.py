@@ -83,6 +83,7 @@ class ModelStats:
     judge_skipped: int = 0
     invalid_replies: int = 0
     refused_archivals: int = 0
+    refused_past: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -340,7 +341,13 @@ class ModelReasoner:
         if own is not None:
             placement, reason = Store.HISTORY, own
         elif j.new_is == "past":
-            placement, reason = Store.HISTORY, Reason(j.past_reason) if j.past_reason else Reason.PRIOR_STATE
+            if memory.status == "active" and not any(_later(c.stored.memory, memory) for c in current):
+                # The note states the fact as current and nothing CURRENT is clinically newer: "past" would
+                # archive the newest evidence behind older facts (a restated medication judged "superseded"
+                # by its own earlier mention). Overruled, as the coded reasoner's late-arrival rule would.
+                self._count(refused_past=1)
+            else:
+                placement, reason = Store.HISTORY, Reason(j.past_reason) if j.past_reason else Reason.PRIOR_STATE
         return UpdateDecision(memory_id=mid, placement=placement, placement_reason=reason,
                               archive=tuple(archives.values()), relations=tuple(relations.values()),
                               rationale=f"model judgement over {n_current} current and {len(past)} past facts")

@@ -219,3 +219,20 @@ def test_older_evidence_never_ends_a_clinically_newer_fact_and_weak_neighbours_c
     weak = Candidate(newer.stored, Impact("rx-2022", Store.ACTIVE, (Channel.SEMANTIC,), 0.2, None))
     assert r.update(note(), new, [weak]).placement is Store.ACTIVE
     assert len(client.calls) == 1 and r.stats.judge_skipped == 1  # the weak neighbour was not worth a call
+
+
+def test_a_fact_stated_as_current_is_not_put_behind_older_facts() -> None:
+    client = Scripted({"new_is": "past", "past_reason": "superseded",
+                       "links": [{"n": 1, "type": "restatement"}]})
+    r = reasoner(client)
+    new = AtomicMemory(memory_id="n2", patient_id="p1", entry_id="note-2", position=0, category=Category.MEDICATION,
+                       text="Medication: lisinopril 10 mg; current (note of 1999-12-06)", status="active",
+                       effective_start=datetime(1999, 12, 6, tzinfo=UTC))
+    older = stored("n1", "Medication: lisinopril 10 mg; current (note of 1998-11-30)",
+                   effective_start=datetime(1998, 11, 30, tzinfo=UTC))
+    d = r.update(note(), new, [older])
+    assert d.placement is Store.ACTIVE and r.stats.refused_past == 1
+    assert [x.type.value for x in d.relations] == ["restatement"]
+    late = new.model_copy(update={"effective_start": datetime(1990, 1, 1, tzinfo=UTC)})  # a late arrival
+    client.replies.append({"new_is": "past", "past_reason": "superseded"})
+    assert r.update(note(), late, [older]).placement is Store.HISTORY
