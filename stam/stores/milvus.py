@@ -39,6 +39,9 @@ class MilvusVectorStore(VectorStore):
 
     def _ensure(self, name: str) -> None:
         if self._client.has_collection(name):
+            # A collection found on disk after a restart (Milvus Lite) is 'released' until loaded; loading an
+            # already loaded collection is a no-op.
+            self._client.load_collection(name)
             return
         schema = self._client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("memory_id", DataType.VARCHAR, is_primary=True, max_length=64)
