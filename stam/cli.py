@@ -572,6 +572,9 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
             reports.append(evaluate_mimic(root, subjects=subjects, tables=tables, variant=variant, workdir=Path(work),
                                           embedder=embedder, progress=progress, samples_per_patient=args.samples))
         bar.close()
+        if args.out:  # after each variant, so a long run keeps what it has measured
+            Path(args.out).write_text(json.dumps({"eval": "state", "mimic": str(root), "subjects": subjects,
+                                                  "tables": tables, "reports": reports}, indent=2) + "\n")
     rows = [{"variant": r["variant"], "recall": r["pairs"]["recall"], "archived": r["pairs"]["archived"],
              "ceiling": r["pairs"]["impact_ceiling"], "false": r["false_archival"]["rate"],
              "fraction": r["archived_fraction"], "pit": r.get("point_in_time", {}).get("agreement"),

@@ -139,6 +139,12 @@ class RecordingRouter(Router):
 
 
 class _AppendOnly(RecordingRouter):
+    """Accumulates: every memory stays ACTIVE, nothing is archived or linked (linking a new value to every
+    ACTIVE memory of its concept would grow quadratically once nothing leaves ACTIVE)."""
+
+    def link(self, entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState) -> list[Relation]:
+        return []
+
     def update_many(self, entry: RecordEntry,
                     items: Sequence[tuple[AtomicMemory, Sequence[Candidate]]]) -> list[UpdateDecision]:
         super().update_many(entry, items)  # records the candidates
