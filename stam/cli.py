@@ -323,6 +323,28 @@ def cmd_transitions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_stack() -> tuple[Path, bool, Settings]:
+    """Start (or join) the embedded stack of the demo home with its topics; whether this call started it."""
+    from stam import stack
+    from topology.admin import ensure_topics
+
+    home = Settings().home
+    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
+    started_stack = stack.read_stack(home) is None
+    stack.up(home)
+    settings = load_settings()
+    asyncio.run(ensure_topics(settings))
+    return home, started_stack, settings
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from stam import stack
     from stam.sources.fhir_r4 import load_bundle
@@ -332,14 +354,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"bundle {bundle} not found (the shared data folder is expected at ../shared/data)",
               file=sys.stderr)
         return 1
-    home = Settings().home
-    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
-    started_stack = stack.read_stack(home) is None
-    stack.up(home)
-    settings = load_settings()
-    from topology.admin import ensure_topics
-
-    asyncio.run(ensure_topics(settings))
+    home, started_stack, settings = _demo_stack()
     print(f"    broker {settings.broker_url}  redis {settings.redis_url}  milvus {settings.milvus_uri}")
     print("2/6 starting the write-path worker (extract -> link -> impact -> update) ...")
     log = open(home / "logs" / "worker.log", "ab")  # noqa: SIM115 - lives as long as the worker
@@ -426,7 +441,6 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
 def cmd_demo_notes(args: argparse.Namespace) -> int:
     """Two real Synthea notes decomposed by the local model, after the patient's coded history."""
     import base64
-    import socket
     import tempfile
     import urllib.request
 
@@ -438,17 +452,8 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         print(f"Synthea bulk folder {bulk} not found (the shared data folder is expected at ../shared/data)",
               file=sys.stderr)
         return 1
-    home = Settings().home
-    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
-    started_stack = stack.read_stack(home) is None
-    stack.up(home)
-    settings = load_settings()
-    from topology.admin import ensure_topics
-
-    asyncio.run(ensure_topics(settings))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    home, started_stack, settings = _demo_stack()
+    port = _free_port()
     print(f"2/6 serving {args.model} with Ray Serve (llama.cpp on CPU) on port {port} ...")
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -463,9 +468,7 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         if not _wait_http(f"{llm_url}/models", 600, server):
             print(f"the model server did not start; see {logs / 'serve.log'}")
             return 1
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            metrics_port = sock.getsockname()[1]
+        metrics_port = _free_port()
         print("3/6 starting the write-path worker with the language-model reasoner ...")
         worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                                   env=dict(_stack_env(settings), STAM_LLM_URL=llm_url, STAM_LLM_MODEL=args.model,

@@ -147,6 +147,16 @@ def _statement(category: Category, display: str, value: float | None, unit: str 
     return "; ".join(parts)
 
 
+def verbatim_memory(entry: RecordEntry, position: int = 0) -> AtomicMemory:
+    """The entry's text kept whole as one ``note`` memory (free text nobody decomposed)."""
+    return AtomicMemory(
+        memory_id=memory_id(entry.patient_id, entry.entry_id, position), patient_id=entry.patient_id,
+        entry_id=entry.entry_id, position=position, category=Category.NOTE, text=(entry.text or "").strip(),
+        status=entry.status, effective_start=entry.effective_at, effective_end=entry.effective_end,
+        recorded_at=entry.recorded_at, source_ref=entry.source_ref,
+    )
+
+
 class CodedReasoner:
     name = "coded"
 
@@ -184,13 +194,7 @@ class CodedReasoner:
         return memories
 
     def _verbatim(self, entry: RecordEntry, position: int = 0) -> AtomicMemory:
-        text = (entry.text or "").strip()
-        return AtomicMemory(
-            memory_id=memory_id(entry.patient_id, entry.entry_id, position), patient_id=entry.patient_id,
-            entry_id=entry.entry_id, position=position, category=Category.NOTE, text=text, status=entry.status,
-            effective_start=entry.effective_at, effective_end=entry.effective_end,
-            recorded_at=entry.recorded_at, source_ref=entry.source_ref,
-        )
+        return verbatim_memory(entry, position)
 
     # --- link --------------------------------------------------------------------------------------
 

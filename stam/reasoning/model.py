@@ -55,7 +55,7 @@ from stam.ids import memory_id
 from stam.llm.client import LLMClient, Usage
 from stam.reasoning import prompts
 from stam.reasoning.base import Candidate
-from stam.reasoning.coded import RELATION_WEIGHT, terminal_reason
+from stam.reasoning.coded import RELATION_WEIGHT, terminal_reason, verbatim_memory
 from stam.state import PatientState
 
 T = TypeVar("T", bound=BaseModel)
@@ -242,7 +242,7 @@ class ModelReasoner:
         self._count(entries=1, facts=len(memories), dropped_ungrounded=dropped, merged_duplicates=merged)
         if not memories:
             self._count(verbatim_fallbacks=1)
-            memories.append(self._verbatim(entry, start, text))
+            memories.append(verbatim_memory(entry, start))
         return memories
 
     def extract_many(self, entries: Sequence[RecordEntry], contexts: Sequence[Sequence[str]],
@@ -275,15 +275,6 @@ class ModelReasoner:
             value_text=fact.value.strip() if fact.value and fact.value.strip() else None,
             effective_start=entry.effective_at, effective_end=None, recorded_at=entry.recorded_at,
             source_ref=entry.source_ref, span=find_span(name, text),
-        )
-
-    @staticmethod
-    def _verbatim(entry: RecordEntry, position: int, text: str) -> AtomicMemory:
-        return AtomicMemory(
-            memory_id=memory_id(entry.patient_id, entry.entry_id, position), patient_id=entry.patient_id,
-            entry_id=entry.entry_id, position=position, category=Category.NOTE, text=text, status=entry.status,
-            effective_start=entry.effective_at, effective_end=entry.effective_end,
-            recorded_at=entry.recorded_at, source_ref=entry.source_ref,
         )
 
     # --- link ------------------------------------------------------------------------------------------
