@@ -69,26 +69,6 @@ def match(extracted: list[tuple[str, str, str]], gold: list[tuple[str, str, str]
 _GOLD_CATEGORY = {"symptom": "condition", "social": "other"}
 
 
-def _history_lines(patient: str, until: str) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for rtype in HISTORY_TYPES:
-        path = BULK / f"{rtype}.000.ndjson"
-        if not path.is_file():
-            continue
-        keep = []
-        for line in path.read_text().splitlines():
-            if patient not in line:
-                continue
-            r = json.loads(line)
-            when = (r.get("authoredOn") or r.get("onsetDateTime") or r.get("recordedDate")
-                    or r.get("occurrenceDateTime") or (r.get("period") or {}).get("start")
-                    or (r.get("performedPeriod") or {}).get("start") or "")
-            if when and when < until:
-                keep.append(line)
-        out[rtype] = keep
-    return out
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -122,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from stam.reasoning.model import ModelReasoner
     from stam.serving.app import run
     from stam.serving.config import LlamaCppEngine, ServingConfig
-    from stam.sources.fhir_ndjson import load_ndjson
+    from stam.sources.fhir_ndjson import load_ndjson, patient_lines
     from stam.stages import Deps, process_entry
     from stam.stores.milvus import MilvusVectorStore
     from stam.stores.projection import VectorProjection
@@ -166,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir()
             n_history = 0
             if not args.no_history:
-                for rtype, lines in _history_lines(patient, when[:19]).items():
+                for rtype, lines in patient_lines(BULK, patient, HISTORY_TYPES, when[:19]).items():
                     (folder / f"{rtype}.000.ndjson").write_text("\n".join(lines) + "\n")
                 history = load_ndjson([folder]).entries if any(folder.iterdir()) else []
                 for e in history:

@@ -337,6 +337,17 @@ def _demo_stack() -> tuple[Path, bool, Settings]:
     return home, started_stack, settings
 
 
+def _stop(proc: subprocess.Popen[bytes], *, timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def _free_port() -> int:
     import socket
 
@@ -411,11 +422,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"\nAsk more: STAM_HOME={home} .venv/bin/stam ask --patient {patient} \"...\" [--as-of 1938-06-01]")
         return 0 if counts["entries_done"] == len(result.entries) else 1
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        _stop(worker, timeout=20)
         log.close()
         if started_stack and not args.keep:
             stack.down(home)
@@ -478,12 +485,12 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         notes_raw = [json.loads(line) for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
                      if any(n in line for n in DEMO_NOTES)]
         until = max(n["context"]["period"]["start"] for n in notes_raw)[:19]
-        for rtype in ("Condition", "MedicationRequest", "Encounter"):
-            keep = [line for line in (bulk / f"{rtype}.000.ndjson").read_text().splitlines()
-                    if DEMO_NOTES_PATIENT in line and _started(json.loads(line)) < until]
+        from stam.sources.fhir_ndjson import load_ndjson, patient_lines
+
+        history = patient_lines(bulk, DEMO_NOTES_PATIENT, ("Condition", "MedicationRequest", "Encounter"), until)
+        for rtype, keep in history.items():
             (folder / f"{rtype}.000.ndjson").write_text("\n".join(keep) + "\n")
         (folder / "DocumentReference.000.ndjson").write_text("\n".join(json.dumps(n) for n in notes_raw) + "\n")
-        from stam.sources.fhir_ndjson import load_ndjson
 
         entries = load_ndjson([folder]).entries
         note_entries = {e.entry_id for e in entries if e.resource_type == "DocumentReference"}
@@ -521,21 +528,12 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         return 0 if counts["entries_done"] == len(entries) and counts["dead_letters"] == 0 else 1
     finally:
         for proc in (worker, server):
-            if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            if proc is not None:
+                _stop(proc, timeout=30)
         serve_log.close()
         worker_log.close()
         if started_stack and not args.keep:
             stack.down(home)
-
-
-def _started(resource: dict[str, Any]) -> str:
-    return str(resource.get("authoredOn") or resource.get("onsetDateTime")
-               or (resource.get("period") or {}).get("start") or "")
 
 
 def _metric_sum(text: str, prefix: str) -> float:

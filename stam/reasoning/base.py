@@ -131,11 +131,9 @@ class Router:
             else:
                 results = [self.text.extract(p[1]) for p in pending]
             for (i, _entry, _ctx, _start), res in zip(pending, results, strict=True):
-                prior = out[i]
-                if isinstance(res, BaseException) or isinstance(prior, BaseException):
-                    out[i] = res if isinstance(res, BaseException) else prior
-                else:
-                    out[i] = [*prior, *res]
+                prior = out[i]  # the coded facts: only entries whose coded part succeeded are pending
+                assert not isinstance(prior, BaseException)
+                out[i] = res if isinstance(res, BaseException) else [*prior, *res]
         return out
 
     def link(self, entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState) -> list[Relation]:

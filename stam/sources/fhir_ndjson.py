@@ -111,3 +111,24 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     result.entries.append(entry)
     sort_clinically(result.entries)
     return result
+
+
+def started_at(resource: dict[str, Any]) -> str:
+    """The ISO time a resource starts at as written (order authored, onset, period start...), or ''."""
+    return str(resource.get("authoredOn") or resource.get("onsetDateTime") or resource.get("recordedDate")
+               or resource.get("occurrenceDateTime") or (resource.get("period") or {}).get("start")
+               or (resource.get("performedPeriod") or {}).get("start") or "")
+
+
+def patient_lines(folder: Path, patient_id: str, resource_types: Iterable[str], before: str) -> dict[str, list[str]]:
+    """Per resource type, the NDJSON lines of one patient's resources that start before ``before`` (an ISO
+    prefix compared as text, as the files write it); for demos, tests and benchmarks that stream a history."""
+    out: dict[str, list[str]] = {}
+    for rtype in resource_types:
+        path = folder / f"{rtype}.000.ndjson"
+        if not path.is_file():
+            continue
+        out[rtype] = [line for line in path.read_text().splitlines()
+                      if patient_id in line and (when := started_at(json.loads(line))) and when < before]
+    return out
+

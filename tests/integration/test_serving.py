@@ -75,27 +75,20 @@ MODEL_NOTE_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"  # hydrochlorothiazi
 
 def _patient_files(tmp: Any) -> tuple[list[Any], str]:
     """The patient's conditions, orders and encounters up to the note's date, and the note itself, as NDJSON."""
+    from stam.sources.fhir_ndjson import patient_lines
+
     bulk = DATA / "synthea-bulk-10p"
-    note_text = ""
+    selected = patient_lines(bulk, MODEL_NOTE_PATIENT, ("Condition", "MedicationRequest", "Encounter"), "1998-12-01")
+    note_line = next(line for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
+                     if MODEL_NOTE_ID in line)
+    selected["DocumentReference"] = [note_line]
+    note = json.loads(note_line)
     paths = []
-    for rtype in ("Condition", "MedicationRequest", "Encounter", "DocumentReference"):
-        keep = []
-        for line in (bulk / f"{rtype}.000.ndjson").read_text().splitlines():
-            if MODEL_NOTE_PATIENT not in line:
-                continue
-            r = json.loads(line)
-            if rtype == "DocumentReference":
-                if r["id"] == MODEL_NOTE_ID:
-                    keep.append(line)
-                    note_text = base64.b64decode(r["content"][0]["attachment"]["data"]).decode()
-                continue
-            when = r.get("authoredOn") or r.get("onsetDateTime") or (r.get("period") or {}).get("start") or ""
-            if when and when[:10] <= "1998-11-30":
-                keep.append(line)
+    for rtype, keep in selected.items():
         path = tmp / f"{rtype}.000.ndjson"
         path.write_text("\n".join(keep) + "\n")
         paths.append(path)
-    return paths, note_text
+    return paths, base64.b64decode(note["content"][0]["attachment"]["data"]).decode()
 
 
 def test_a_real_note_is_decomposed_through_the_write_path(served: str, stack_settings: Any, tmp_path: Any) -> None:
