@@ -9,7 +9,8 @@ Two ways to name the past:
   transitions without a clinical time are kept), replayed in log order. An archival whose successor is
   clinically later than T did not hold at T and is dropped: a value superseded at T+1 is still ACTIVE at T,
   and a late-arriving older fact (added straight to HISTORY as ``prior-state``) is ACTIVE at its own time
-  when the fact that followed it is after T.
+  when the fact that followed it is after T. A fact that arrived already ended (a condition published with
+  its abatement, added straight to HISTORY at that time) is ACTIVE at the T inside its validity interval.
 """
 
 from __future__ import annotations
@@ -29,8 +30,25 @@ def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version
     return state
 
 
+def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str]) -> bool:
+    """A fact that arrived already ended (added straight to HISTORY at its end time, e.g. a condition with its
+    abatement) whose validity interval contains ``as_of``: it held then. Not when it ended an earlier version
+    of the same source resource (``covered``: the stop of an order that was ACTIVE since its start): that
+    version stands for it."""
+    m = e.memory
+    return (e.kind is TransitionKind.ADDED and e.to_store is Store.HISTORY and m is not None
+            and e.memory_id not in covered and m.effective_start is not None and e.clinical_time is not None
+            and m.effective_start <= as_of < e.clinical_time)
+
+
 def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: datetime) -> PatientState:
-    kept = [e for e in events if e.patient_id == patient_id and (e.clinical_time is None or e.clinical_time <= as_of)]
+    mine = [e for e in events if e.patient_id == patient_id]
+    source = {e.memory_id: e.memory.source_ref for e in mine if e.memory is not None and e.memory.source_ref}
+    covered = {e.evidence_id for e in mine if e.kind is TransitionKind.ARCHIVED and e.evidence_id
+               and source.get(e.memory_id) is not None and source.get(e.memory_id) == source.get(e.evidence_id)}
+    kept = [e if e.clinical_time is None or e.clinical_time <= as_of else
+            e.model_copy(update={"to_store": Store.ACTIVE, "reason": None, "successor_id": None})
+            for e in mine if e.clinical_time is None or e.clinical_time <= as_of or _open_at(e, as_of, covered)]
     present = {e.memory_id for e in kept if e.kind is TransitionKind.ADDED}
     out: list[TransitionEvent] = []
     for e in kept:
@@ -39,6 +57,10 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
             if e.kind is TransitionKind.ARCHIVED:
                 continue  # what replaced it came later than T
             e = e.model_copy(update={"to_store": Store.ACTIVE, "reason": None, "successor_id": None})
+        if any(r.source_id not in present or r.target_id not in present for r in e.relations):
+            # a relation made on arrival to a memory that is clinically later than T: not part of that state
+            e = e.model_copy(update={"relations": tuple(r for r in e.relations
+                                                        if r.source_id in present and r.target_id in present)})
         out.append(e)
     return replay(patient_id, out)
 
