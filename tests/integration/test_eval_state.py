@@ -53,3 +53,54 @@ def test_the_ablations_lose_what_the_paper_says_they_lose(reports: dict[str, Any
     rule = reports["rule-measurement-dose"]
     assert rule["pairs"]["by_kind"]["lab-repeat"]["recall"] == 1.0  # a newer value supersedes: the rule holds
     assert rule["pairs"]["recall"] < reports["stam"]["pairs"]["recall"]  # but stops and D/Cs are missed
+
+
+SYNTHEA = DATA / "synthea-r4-bundles"
+# The smallest bundle (132 entries): a patient with resolved conditions, stopped and renewed medications and
+# repeated observations.
+SYNTHEA_PATIENT = "12981771-2029-4458-9260-efb1e6b43db7"
+
+
+@pytest.fixture(scope="module")
+def synthea(tmp_path_factory: Any, embedder: Any) -> dict[str, Any]:
+    if not SYNTHEA.is_dir():
+        pytest.skip(f"Synthea bundles not found at {SYNTHEA} (set STAM_SHARED_DATA)")
+    from stam.eval.synthea import evaluate_synthea
+
+    work = tmp_path_factory.mktemp("eval-synthea")
+    return {v: evaluate_synthea(SYNTHEA, patients=[SYNTHEA_PATIENT], variant=v, workdir=Path(work) / v,
+                                embedder=embedder) for v in ("stam", "append-only")}
+
+
+def test_synthea_gold_stops_abatements_and_repeated_observations(synthea: dict[str, Any]) -> None:
+    r = synthea["stam"]
+    kinds = r["pairs"]["by_kind"]
+    assert kinds["observation-repeat"]["pairs"] > 20 and kinds["observation-repeat"]["recall"] == 1.0
+    # Renewed prescriptions arrive already stopped (the bundle is a snapshot): archived with reason "stopped",
+    # but the successor is not known when they arrive (the gap the issue note describes).
+    assert kinds["med-renewal"]["pairs"] > 0 and kinds["med-renewal"]["archived"] == 1.0
+    assert r["ended"]["facts"] > 5 and r["ended"]["in_history"] == 1.0 and r["ended"]["reason_agrees"] == 1.0
+    assert r["false_archival"]["held_facts"] > 5 and r["false_archival"]["rate"] == 0.0
+
+
+def test_point_in_time_holds_a_condition_inside_its_onset_abatement_interval(synthea: dict[str, Any]) -> None:
+    pit = synthea["stam"]["point_in_time"]
+    # A resolved condition arrives once, with its abatement; as of a time inside its interval it is ACTIVE,
+    # from the abatement on it is not.
+    assert pit["interval_checks"] > 20 and pit["interval_agreement"] == 1.0 and pit["agreement"] == 1.0
+    assert synthea["append-only"]["point_in_time"]["agreement"] < 0.9
+
+
+def test_timeline_and_plot_come_from_the_transition_log(synthea: dict[str, Any], tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the eval extra (make setup installs it)")
+    from stam.eval.plots import plot_timeline
+
+    tl = synthea["stam"]["timeline"]
+    assert tl["patient"] == SYNTHEA_PATIENT
+    times = [p[0] for p in tl["points"]]
+    assert times == sorted(times) and len(times) > 50
+    last = tl["points"][-1]
+    assert last[1] + last[2] == synthea["stam"]["memories"] and last[2] > 0
+    assert synthea["append-only"]["timeline"]["points"][-1][2] == 0  # append-only never archives
+    out = plot_timeline([(v, synthea[v]["timeline"]["points"]) for v in synthea], tmp_path / "t.png", title="t")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
