@@ -555,13 +555,16 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
 
     from stam.embedding import Embedder
     from stam.eval.state import VARIANTS, evaluate_mimic
+    from stam.eval.synthea import evaluate_synthea
 
-    root = Path(args.mimic)
     variants = list(VARIANTS) if args.variant == "all" else args.variant.split(",")
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",")
+    head: dict[str, Any] = ({"eval": "state", "source": "mimic-iv", "mimic": args.mimic, "subjects": subjects,
+                             "tables": tables} if args.source == "mimic" else
+                            {"eval": "state", "source": "synthea-r4", "synthea": args.synthea, "patients": subjects})
     embedder = Embedder()
-    reports = []
+    reports: list[dict[str, Any]] = []
     for variant in variants:
         bar = tqdm(desc=f"replaying ({variant})", unit=" entries", file=sys.stderr, disable=args.quiet,
                    mininterval=0.5)
@@ -570,21 +573,35 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
             bar.update(n - bar.n)
 
         with tempfile.TemporaryDirectory(prefix="stam-eval-") as work:
-            reports.append(evaluate_mimic(root, subjects=subjects, tables=tables, variant=variant, workdir=Path(work),
-                                          embedder=embedder, progress=progress, samples_per_patient=args.samples))
+            common: dict[str, Any] = {"variant": variant, "workdir": Path(work), "embedder": embedder,
+                                      "progress": progress, "samples_per_patient": args.samples,
+                                      "timeline_patient": args.timeline_patient}
+            if args.source == "mimic":
+                reports.append(evaluate_mimic(Path(args.mimic), subjects=subjects, tables=tables, **common))
+            else:
+                reports.append(evaluate_synthea(Path(args.synthea), patients=subjects, **common))
         bar.close()
         if args.out:  # after each variant, so a long run keeps what it has measured
-            Path(args.out).write_text(json.dumps({"eval": "state", "mimic": str(root), "subjects": subjects,
-                                                  "tables": tables, "reports": reports}, indent=2) + "\n")
+            Path(args.out).write_text(json.dumps({**head, "reports": reports}, indent=2) + "\n")
     rows = [{"variant": r["variant"], "recall": r["pairs"]["recall"], "archived": r["pairs"]["archived"],
              "ceiling": r["pairs"]["impact_ceiling"], "false": r["false_archival"]["rate"],
-             "fraction": r["archived_fraction"], "pit": r.get("point_in_time", {}).get("agreement"),
+             "ended": r.get("ended", {}).get("in_history"), "fraction": r["archived_fraction"],
+             "pit": r.get("point_in_time", {}).get("agreement"),
+             "pit_int": r.get("point_in_time", {}).get("interval_agreement"),
              "pairs": r["pairs"]["total"], "entries": r["entries"], "seconds": r["seconds"]} for r in reports]
     print(_table(rows, [("variant", "variant"), ("recall", "pair recall"), ("archived", "old archived"),
-                        ("ceiling", "impact ceiling"), ("false", "false archival"), ("fraction", "archived frac"),
-                        ("pit", "point-in-time"), ("pairs", "gold pairs"), ("entries", "entries"),
-                        ("seconds", "s")]), file=sys.stderr)
-    out = {"eval": "state", "mimic": str(root), "subjects": subjects, "tables": tables, "reports": reports}
+                        ("ceiling", "impact ceiling"), ("false", "false archival"), ("ended", "ended in HISTORY"),
+                        ("fraction", "archived frac"), ("pit", "point-in-time"), ("pit_int", "pit intervals"),
+                        ("pairs", "gold pairs"), ("entries", "entries"), ("seconds", "s")]), file=sys.stderr)
+    out = {**head, "reports": reports}
+    if args.plot:
+        from stam.eval.plots import plot_timeline
+
+        series = [(r["variant"], r["timeline"]["points"]) for r in reports if r.get("timeline")]
+        if series:
+            title = f"ACTIVE and HISTORY over clinical time: one {head['source']} patient"
+            out["plot"] = str(plot_timeline(series, Path(args.plot), title=title))
+            print(f"plot: {out['plot']}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
@@ -597,28 +614,55 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from stam.eval.mimic_qa import build_questions
-    from stam.eval.qa_run import evaluate_qa
+    from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
+    from stam.read.reader import LocalReader, OpenAIReader
 
     root = Path(args.mimic)
     questions = [q for q in build_questions(root, per_patient=args.per_patient, seed=args.seed)
                  if q.split == args.split]
     patients = sorted({q.patient_id for q in questions})[: args.patients or None]
     questions = [q for q in questions if q.patient_id in set(patients)]
+    reader: Any = None
+    if args.reader_url:
+        reader = OpenAIReader(args.reader_url, args.reader_model, api_key=os.environ.get("STAM_READER_API_KEY", ""),
+                              timeout_s=600.0, max_tokens=64, system=READER_SYSTEM)
+    elif args.reader_local:
+        reader = LocalReader(args.reader_local, system=READER_SYSTEM)
     bar = tqdm(desc="replaying", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
 
     def progress(n: int) -> None:
         bar.update(n - bar.n)
 
+    answers = tqdm(desc="answering", unit=" answers", file=sys.stderr, disable=args.quiet or reader is None,
+                   mininterval=1.0)
+
+    def answered(n: int) -> None:
+        answers.update(n - answers.n)
+
     with tempfile.TemporaryDirectory(prefix="stam-eval-qa-") as work:
         report = evaluate_qa(root, questions, workdir=Path(work), budget=args.budget, rag_k=args.rag_k,
-                             progress=progress)
+                             progress=progress, reader=reader, match=args.match, keep_rows=args.rows,
+                             answer_progress=answered)
     bar.close()
+    answers.close()
     rows = [{"system": name, **{k: v for k, v in s.items() if not isinstance(v, dict)}}
             for name, s in report["systems"].items()]
-    print(_table(rows, [("system", "system"), ("evidence_recall", "evidence recall"),
-                        ("type_macro_recall", "type-macro"), ("all_evidence", "all evidence"),
-                        ("tokens_mean", "tokens mean"), ("tokens_median", "tokens median")]), file=sys.stderr)
-    out = {"eval": "qa-evidence", "mimic": str(root), "split": args.split, **report}
+    columns = [("system", "system"), ("evidence_recall", "evidence recall"), ("type_macro_recall", "type-macro"),
+               ("all_evidence", "all evidence"), ("tokens_mean", "tokens mean"), ("tokens_median", "tokens median")]
+    if reader is not None:
+        columns += [("f1", "F1"), ("em", "EM"), ("type_macro_f1", "type-macro F1")]
+    print(_table(rows, columns), file=sys.stderr)
+    if "matching" in report:
+        print(f"context matching: {report['matching']}", file=sys.stderr)
+    out = {"eval": "qa", "mimic": str(root), "split": args.split, **report}
+    if args.plot:
+        from stam.eval.plots import plot_score_vs_tokens
+
+        score = "f1" if reader is not None else "evidence_recall"
+        out["plot"] = str(plot_score_vs_tokens(report["systems"], Path(args.plot), score=score,
+                                               title=f"MIMIC-QA ({args.split}, {len(questions)} questions): "
+                                               f"{score.replace('_', ' ')} vs served tokens"))
+        print(f"plot: {out['plot']}", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
@@ -756,23 +800,36 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("eval", help="evaluation: write-time state diagnostics, the MIMIC-QA question set",
                        description="Instruments of the paper's evaluation (sections 4-6, appendices A-F).")
     ev = p.add_subparsers(dest="eval_command", required=True)
-    q = ev.add_parser("state", help="replay MIMIC-IV patients and diagnose the state against the rows' gold",
-                      description="Gold from the rows (POE Change and D/C links, pharmacy stops, repeated labs): "
-                      "supersession-pair recall, impact-candidate ceiling, false archival, archived fraction, "
-                      "point-in-time agreement. Prints a table on stderr and the JSON report on stdout.")
+    q = ev.add_parser("state", help="replay MIMIC-IV patients or Synthea bundles and diagnose the state against "
+                      "gold read from the data",
+                      description="Gold from the data, never from STAM: MIMIC-IV POE Change and D/C links, pharmacy "
+                      "stops, repeated labs; Synthea medication renewals and stops, condition abatements, repeated "
+                      "observations. Supersession-pair recall, impact-candidate ceiling, false archival, ended facts "
+                      "in HISTORY, archived fraction, point-in-time agreement. Prints a table on stderr and the JSON "
+                      "report on stdout (and --out); --plot draws one patient's ACTIVE/HISTORY over time.")
+    q.add_argument("--source", default="mimic", choices=["mimic", "synthea"])
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
-    q.add_argument("--subjects", help="comma-separated subject_ids (default: all)")
+    q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
+    q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
     q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+    q.add_argument("--plot", help="write a PNG of one patient's ACTIVE/HISTORY sizes over time, per variant")
+    q.add_argument("--timeline-patient", default="auto",
+                   help="the patient of the timeline (default: the one with the most transitions)")
     q.add_argument("--variant", default="stam", help="stam, semantic-only, no-relations, rule-measurement-dose, "
                    "rule-non-episodic, append-only; comma-separated, or 'all'")
     q.add_argument("--samples", type=int, default=10, help="point-in-time samples per patient")
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_eval_state)
-    q = ev.add_parser("qa", help="evidence-level QA on MIMIC-QA: STAM versus append-only, flat RAG, full context",
+    q = ev.add_parser("qa", help="MIMIC-QA: STAM versus append-only, flat RAG, full context (evidence, tokens, "
+                      "and a reader's F1/EM)",
                       description="Replays the split's patients (admissions, poe, pharmacy, labevents) under STAM "
-                      "and append-only, then for each question measures what each system would serve a reader: "
-                      "gold-evidence recall, tokens, paired tests against STAM. No reader runs (no F1/EM yet).")
+                      "and append-only, then for each question measures what each system serves a reader: "
+                      "gold-evidence recall, tokens, paired tests against STAM. With --reader-url (an "
+                      "OpenAI-compatible endpoint such as `stam serve`) or --reader-local (a packaged GGUF model in "
+                      "process), the same reader answers from every system's context: token F1, exact match, "
+                      "McNemar/bootstrap/sign-flip against STAM. --match runs STAM again at a comparator's median "
+                      "context size (appendix C.5).")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--split", default="test", choices=["train", "dev", "test"])
     q.add_argument("--patients", type=int, default=0, help="first N patients of the split (0: all)")
@@ -780,6 +837,14 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--budget", type=int, default=4000, help="full-context token budget")
     q.add_argument("--rag-k", type=int, default=16)
+    q.add_argument("--reader-url", help="OpenAI-compatible base URL of the reader (e.g. http://127.0.0.1:8000/v1)")
+    q.add_argument("--reader-model", default="qwen2.5-coder-1.5b-instruct-q4_k_m", help="model name at --reader-url")
+    q.add_argument("--reader-local", help="packaged GGUF model run in process by llama.cpp "
+                   "(qwen2.5-coder-1.5b-instruct-q4_k_m or qwen2.5-coder-0.5b-instruct-q4_k_m)")
+    q.add_argument("--match", choices=["append-only", "flat-rag", "full-context"],
+                   help="also run STAM at this system's median context size")
+    q.add_argument("--rows", action="store_true", help="keep every question's row (answers, tokens) in the report")
+    q.add_argument("--plot", help="write a PNG of each system's score versus served tokens")
     q.add_argument("--out")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_eval_qa)

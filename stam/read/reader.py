@@ -3,6 +3,9 @@
 Any OpenAI-compatible chat-completions endpoint serves (the Ray Serve app of the language-model work, vLLM,
 llama.cpp's server): ``STAM_READER_URL`` (e.g. ``http://127.0.0.1:8000/v1``) and ``STAM_READER_MODEL``.
 Without a URL no reader is configured and queries return the packet alone, saying so.
+
+``LocalReader`` runs a packaged GGUF model in process with llama.cpp (the engine of the serving replicas on
+CPU), for evaluation runs on one machine without a server.
 """
 
 from __future__ import annotations
@@ -20,20 +23,24 @@ class Reader(Protocol):
     async def answer(self, question: str, evidence: str) -> str: ...
 
 
+def messages(question: str, evidence: str, system: str = SYSTEM) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"{evidence}\n\nQuestion: {question}"}]
+
+
 class OpenAIReader:
     def __init__(self, base_url: str, model: str, *, api_key: str = "", timeout_s: float = 60.0,
-                 max_tokens: int = 256) -> None:
+                 max_tokens: int = 256, system: str = SYSTEM) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.name = model
         self._api_key = api_key
         self._timeout = timeout_s
         self._max_tokens = max_tokens
+        self.system = system
 
     def request_body(self, question: str, evidence: str) -> dict[str, Any]:
         return {"model": self.model, "temperature": 0, "max_tokens": self._max_tokens,
-                "messages": [{"role": "system", "content": SYSTEM},
-                             {"role": "user", "content": f"{evidence}\n\nQuestion: {question}"}]}
+                "messages": messages(question, evidence, self.system)}
 
     async def answer(self, question: str, evidence: str) -> str:
         import aiohttp
@@ -46,3 +53,34 @@ class OpenAIReader:
             resp.raise_for_status()
             data = await resp.json()
         return str(data["choices"][0]["message"]["content"]).strip()
+
+
+class LocalReader:
+    """A packaged GGUF model (``stam.llm.weights``) answering in process through llama.cpp, temperature 0.
+    ``usage`` sums the prompt and completion tokens of every answer."""
+
+    def __init__(self, model: str, *, n_ctx: int = 8192, n_threads: int = 2, max_tokens: int = 64,
+                 system: str = SYSTEM) -> None:
+        from llama_cpp import Llama
+
+        from stam.llm.weights import ensure_gguf
+
+        self.name = model
+        self.system = system
+        self._max_tokens = max_tokens
+        self._llm = Llama(model_path=str(ensure_gguf(model)), n_ctx=n_ctx, n_threads=n_threads, verbose=False)
+        self.usage = {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0}
+
+    def answer_sync(self, question: str, evidence: str) -> str:
+        out: Any = self._llm.create_chat_completion(messages=messages(question, evidence, self.system),  # type: ignore[arg-type]
+                                                    temperature=0.0, max_tokens=self._max_tokens)
+        usage = out.get("usage") or {}
+        self.usage["calls"] += 1
+        self.usage["prompt_tokens"] += int(usage.get("prompt_tokens") or 0)
+        self.usage["completion_tokens"] += int(usage.get("completion_tokens") or 0)
+        return str(out["choices"][0]["message"]["content"] or "").strip()
+
+    async def answer(self, question: str, evidence: str) -> str:
+        import asyncio
+
+        return await asyncio.to_thread(self.answer_sync, question, evidence)

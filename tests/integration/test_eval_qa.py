@@ -1,0 +1,73 @@
+"""`stam eval qa` end to end on one real MIMIC-IV patient: the STAM and append-only replays on real stores,
+flat RAG and full context over the same entries, a real reader (the packaged Qwen2.5-Coder-0.5B through
+llama.cpp in process) answering from every system's context, and STAM at a comparator's median context."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import DATA
+
+pytestmark = pytest.mark.integration
+MIMIC = DATA / "mimic-iv-demo-2.2"
+PATIENT = "10019917"
+QTYPES = ("last_value", "count", "value_at_time")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: Any, embedder: Any) -> tuple[dict[str, Any], list[Any], Any]:
+    if not MIMIC.is_dir():
+        pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
+    pytest.importorskip("llama_cpp", reason="the llm extra is not installed (make setup installs it)")
+    from stam.eval.mimic_qa import build_questions
+    from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
+    from stam.llm.weights import WeightsError
+    from stam.read.reader import LocalReader
+
+    try:
+        reader = LocalReader("qwen2.5-coder-0.5b-instruct-q4_k_m", n_ctx=4096, system=READER_SYSTEM)
+    except WeightsError as exc:
+        pytest.skip(str(exc))
+    questions = [next(q for q in build_questions(MIMIC, subjects=[PATIENT]) if q.qtype == t) for t in QTYPES]
+    report = evaluate_qa(MIMIC, questions, workdir=Path(tmp_path_factory.mktemp("eval-qa")), embedder=embedder,
+                         budget=800, reader=reader, match="flat-rag", keep_rows=True)
+    return report, questions, reader
+
+
+def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[str, Any], list[Any], Any]) -> None:
+    from stam.eval.qa import exact_match, token_f1
+
+    report, questions, reader = run
+    assert report["reader"] == "qwen2.5-coder-0.5b-instruct-q4_k_m"
+    systems = {"stam", "stam-both", "append-only", "flat-rag", "full-context", "stam@flat-rag"}
+    assert set(report["systems"]) == systems
+    best = 0.0
+    for name in systems:
+        rows = report["rows"][name]
+        assert [r["question_id"] for r in rows] == [q.question_id for q in questions]
+        for r, q in zip(rows, questions, strict=True):
+            assert isinstance(r["prediction"], str) and r["prediction"]
+            assert r["f1"] == token_f1(r["prediction"], q.answer) and r["em"] == exact_match(r["prediction"], q.answer)
+            best = max(best, r["f1"])
+        s = report["systems"][name]
+        assert 0.0 <= s["f1"] <= 1.0 and 0.0 <= s["em"] <= 1.0 and "type_macro_f1" in s
+    assert best > 0.0  # the reader answers something right from some context
+    # One answer per distinct (question, context): systems serving the same context share it.
+    distinct = {(q.question, r["tokens"], name) for name in systems for q, r in zip(questions, report["rows"][name],
+                                                                                   strict=True)}
+    assert 0 < reader.usage["calls"] <= len(distinct)
+    paired = report["paired_vs_stam"]["append-only"]
+    assert {"mcnemar_em", "bootstrap_f1", "sign_flip_f1", "mcnemar_all_evidence"} <= set(paired)
+
+
+def test_context_matching_runs_stam_at_the_comparators_median(run: tuple[dict[str, Any], list[Any], Any]) -> None:
+    report, _, _ = run
+    m = report["matching"]
+    assert m["comparator"] == "flat-rag" and m["target_tokens"] == int(report["systems"]["flat-rag"]["tokens_median"])
+    assert m["matched"] and 0.8 <= m["ratio"] <= 1.25
+    assert all(r["tokens"] <= m["target_tokens"] for r in report["rows"]["stam@flat-rag"])
+    # the full-context budget is honoured and the oldest entries are what it drops
+    assert all(r["tokens"] <= 800 for r in report["rows"]["full-context"])
