@@ -11,7 +11,8 @@
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
   stam demo                     all of the above on one real Synthea patient
-  stam eval state|questions     write-time state diagnostics (MIMIC-IV gold, ablation variants); MIMIC-QA set
+  stam eval state               write-time state diagnostics (MIMIC-IV or Synthea gold, ablation variants, plot)
+  stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
   stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
 
 Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
@@ -797,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
     p.set_defaults(fn=cmd_demo_notes)
 
-    p = sub.add_parser("eval", help="evaluation: write-time state diagnostics, the MIMIC-QA question set",
+    p = sub.add_parser("eval", help="evaluation: write-time state diagnostics (MIMIC-IV, Synthea), MIMIC-QA with "
+                       "baselines and a reader, plots",
                        description="Instruments of the paper's evaluation (sections 4-6, appendices A-F).")
     ev = p.add_subparsers(dest="eval_command", required=True)
     q = ev.add_parser("state", help="replay MIMIC-IV patients or Synthea bundles and diagnose the state against "
