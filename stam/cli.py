@@ -549,6 +549,14 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in [head, *body])
 
 
+def _emit_report(report: dict[str, Any], path: str | None) -> int:
+    """An eval report: to ``path`` when given, and to stdout."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def cmd_eval_state(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -603,10 +611,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
             title = f"ACTIVE and HISTORY over clinical time: one {head['source']} patient"
             out["plot"] = str(plot_timeline(series, Path(args.plot), title=title))
             print(f"plot: {out['plot']}", file=sys.stderr)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    return 0
+    return _emit_report(out, args.out)
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
@@ -664,10 +669,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
                                                title=f"MIMIC-QA ({args.split}, {len(questions)} questions): "
                                                f"{score.replace('_', ' ')} vs served tokens"))
         print(f"plot: {out['plot']}", file=sys.stderr)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    return 0
+    return _emit_report(out, args.out)
 
 
 def cmd_eval_questions(args: argparse.Namespace) -> int:
