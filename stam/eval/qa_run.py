@@ -102,15 +102,14 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
 
         def read_path(name: str, q: Question, mode: GateMode, ka: int, kh: int,
                       token_budget: int | None = None) -> dict[str, Any]:
-            run = stam if name.startswith("stam") else append
+            service, run = (services["stam"], stam) if name.startswith("stam") else (services["append-only"], append)
             as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
             # Filled to a token budget, the packet takes items by rank: one ranking over both stores (the gate
             # still decides whether HISTORY is in it), or ACTIVE would crowd out every HISTORY item.
             req = QueryRequest(request_id=q.question_id, patient_id=q.patient_id, question=q.question,
                                k_active=ka, k_history=kh, gate=mode, as_of=as_of, token_budget=token_budget,
                                ranking="joint" if token_budget is not None else "separate")
-            pkt = services["stam" if run is stam else "append-only"].packet(req, run.events[q.patient_id]
-                                                                          if as_of else None)
+            pkt = service.packet(req, run.events[q.patient_id] if as_of else None)
             return _row(q, {i.source_entry_id for i in pkt.items}, pkt.tokens, pkt.rendered,
                         history=sum(i.store is Store.HISTORY for i in pkt.items))
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from schemas import RecordEntry
 from stam.eval.state import Gold, GoldPair, ProgressFn, Replayed, diagnose, patient_timeline, replay_entries
-from stam.sources.fhir_r4 import iter_bundle_files, load_bundle, parse_time
+from stam.sources.fhir_r4 import _status_code, entries_from_bundle, iter_bundle_files, parse_time
 
 SYNTHEA_PAIR_KINDS = ("med-renewal", "observation-repeat")
 
@@ -40,11 +40,6 @@ SYNTHEA_PAIR_KINDS = ("med-renewal", "observation-repeat")
 def _first_code(concept: dict[str, Any] | None) -> str | None:
     codings = (concept or {}).get("coding") or []
     return f"{codings[0].get('system')}|{codings[0].get('code')}" if codings else None
-
-
-def _status(concept: dict[str, Any] | None) -> str | None:
-    codings = (concept or {}).get("coding") or []
-    return codings[0].get("code") if codings else None
 
 
 def synthea_gold(bundles: Iterable[dict[str, Any]], entries: dict[str, list[RecordEntry]]) -> Gold:
@@ -78,7 +73,7 @@ def synthea_gold(bundles: Iterable[dict[str, Any]], entries: dict[str, list[Reco
                 onset, abated = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
                 if abated is not None:
                     gold.ended[patient][eid] = "resolved"
-                elif _status(r.get("clinicalStatus")) == "active":
+                elif _status_code(r.get("clinicalStatus")) == "active":
                     gold.holds[patient].add(eid)
                 if onset is not None:
                     intervals.append((eid, onset, abated))
@@ -110,8 +105,9 @@ def load_synthea(folder: Path) -> tuple[list[dict[str, Any]], dict[str, list[Rec
     """Every bundle of ``folder`` (raw, for the gold) and the loader's entries per patient (clinical order)."""
     raws, entries = [], {}
     for path in iter_bundle_files([folder]):
-        raws.append(json.loads(path.read_bytes()))
-        result = load_bundle(path, validate=False)
+        raw = json.loads(path.read_bytes())  # read once: the gold reads the raw resources, the loader its entries
+        raws.append(raw)
+        result = entries_from_bundle(raw, validate=False)
         if result.patient_id:
             entries[result.patient_id] = result.entries
     return raws, entries
