@@ -13,6 +13,9 @@ from pydantic import Field, model_validator
 
 from schemas.common import AwareDatetime, Category, NonEmptyStr, Reason, SchemaVersion, Store, WireModel
 
+ErrorKind = Literal["not_found", "invalid", "unavailable", "internal"]
+"""Why a query was not answered (``QueryAnswer.error_kind``); HTTP maps them to 404, 400, 503, 500."""
+
 
 class GateMode(StrEnum):
     """How HISTORY is served: decided by the store gate, never, or always."""
@@ -107,6 +110,12 @@ class QueryAnswer(WireModel):
     answer: str | None = None
     reader: str | None = Field(default=None, description="Model that wrote the answer; None: packet only")
     note: str | None = Field(default=None, description="E.g. 'no reader configured: packet only'")
-    error: str | None = None
+    error: str | None = Field(default=None, description="Why the query was not answered (ok=false): a message "
+                              "for people, never a traceback")
+    error_kind: ErrorKind | None = Field(
+        default=None, description="Set when ok=false. not_found: nothing to answer from (unknown patient, no "
+        "memory at that point in time); invalid: the query cannot be answered as asked (e.g. as_of where no "
+        "transition log is configured); unavailable: a store or service (Redis, Milvus, the broker) could not be "
+        "reached, retry later; internal: a bug in the service, logged with the request id")
     answered_at: AwareDatetime
     latency_ms: float = Field(ge=0)
