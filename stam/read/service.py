@@ -8,19 +8,32 @@ filtered by patient), and every item is checked to belong to the patient before 
 
 Live queries read the state from Redis. ``as_of`` / ``as_of_version`` queries replay the patient's
 transitions (the record) to the requested point and rank against that state (see :mod:`stam.read.asof`).
+
+:meth:`QueryService.answer` builds the packet (embedding, Redis and Milvus round trips: blocking calls) on a
+small thread pool of the service, so the caller's event loop keeps serving while a query works. A query that
+fails is answered, never raised: ``ok=false`` with an ``error_kind`` (see :func:`classify`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import grpc
 import numpy as np
+import redis
+from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
+from pymilvus.exceptions import ConnectError, MilvusException, MilvusUnavailableException
 
 from schemas import Store, TransitionEvent
-from schemas.query import EvidenceItem, EvidencePacket, GateDecision, QueryAnswer, QueryRequest
+from schemas.query import ErrorKind, EvidenceItem, EvidencePacket, GateDecision, QueryAnswer, QueryRequest
 from stam.embedding import Embedder
 from stam.errors import StamError
 from stam.read.asof import state_at_time, state_at_version
@@ -34,10 +47,17 @@ from stam.stores.projection import VectorProjection
 
 NO_READER = "no reader model configured: evidence packet only (set STAM_READER_URL to get answers)"
 SPAN_CHARS = 240
+MILVUS_CONNECT_FAILED = 2  # pymilvus Status.CONNECT_FAILED; also the server's "service unavailable" code
+
+log = logging.getLogger("stam.query")
 
 
 class QueryError(StamError):
     """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""
+
+
+class UnsupportedQuery(QueryError):
+    """A query this service cannot answer as asked (as_of where no transition log is configured)."""
 
 
 class IsolationBreach(StamError):
@@ -54,7 +74,9 @@ class _Scored:
 class QueryService:
     def __init__(self, *, states: StateStore, vectors: VectorStore, embedder: Embedder, tokenizer: Tokenizer,
                  gate: StoreGate, projection: VectorProjection | None = None, reader: Reader | None = None,
-                 transitions: Callable[[str], Awaitable[list[TransitionEvent]]] | None = None) -> None:
+                 transitions: Callable[[str], Awaitable[list[TransitionEvent]]] | None = None,
+                 threads: int = 2) -> None:
+        """``threads``: packets built at once, off the caller's event loop (a bounded pool of this service)."""
         self.states = states
         self.vectors = vectors
         self.embedder = embedder
@@ -63,6 +85,11 @@ class QueryService:
         self.projection = projection
         self.reader = reader
         self.transitions = transitions
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stam-query")
+
+    def close(self) -> None:
+        """Stop the service's threads (after the packets being built are done)."""
+        self._pool.shutdown(wait=True)
 
     # --- retrieval -------------------------------------------------------------------------------------
 
@@ -173,17 +200,17 @@ class QueryService:
     # --- answering -------------------------------------------------------------------------------------
 
     async def answer(self, req: QueryRequest) -> QueryAnswer:
+        """The answer to ``req``; never raises: a failure is an answer with ``ok=false`` and its error kind."""
         started = time.perf_counter()
         try:
             events = None
             if req.as_of is not None or req.as_of_version is not None:
                 if self.transitions is None:
-                    raise QueryError("as_of needs the transition log; none is configured for this service")
+                    raise UnsupportedQuery("as_of needs the transition log; none is configured for this service")
                 events = await self.transitions(req.patient_id)
-            packet = self.packet(req, events)
-        except StamError as exc:
-            return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=False, error=str(exc),
-                               answered_at=datetime.now(UTC), latency_ms=_ms(started))
+            packet = await asyncio.get_running_loop().run_in_executor(self._pool, self.packet, req, events)
+        except Exception as exc:
+            return failed_answer(req, exc, started)
         text = reader = None
         note = None
         if req.answer and self.reader is not None:
@@ -202,3 +229,77 @@ class QueryService:
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
 
+
+# --- failures ----------------------------------------------------------------------------------------
+
+_OUTAGE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
+                            errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETUNREACH, errno.ENETDOWN})
+_GRPC_OUTAGE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+def _client_of(exc: BaseException) -> str | None:
+    if isinstance(exc, redis.exceptions.RedisError):
+        return "Redis"
+    if isinstance(exc, MilvusException | grpc.RpcError):  # Milvus is the query path's only gRPC service
+        return "Milvus"
+    if isinstance(exc, KafkaError):
+        return "Kafka"
+    return None
+
+
+def _is_outage(exc: BaseException) -> bool:
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        # A refused login is a misconfiguration, not an outage.
+        return not isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError)
+    if isinstance(exc, MilvusException):
+        # Client side: connecting failed (code 2), or the retries ran out on an UNAVAILABLE/DEADLINE_EXCEEDED
+        # gRPC status (then the status is the code); server side: code 2 is "service unavailable".
+        return (isinstance(exc, ConnectError | MilvusUnavailableException) or exc.code == MILVUS_CONNECT_FAILED
+                or exc.code in _GRPC_OUTAGE)
+    if isinstance(exc, grpc.RpcError):  # statuses pymilvus does not retry are raised bare
+        return callable(getattr(exc, "code", None)) and exc.code() in _GRPC_OUTAGE
+    if isinstance(exc, KafkaError):
+        return isinstance(exc, KafkaConnectionError | KafkaTimeoutError) or bool(exc.retriable)
+    return isinstance(exc, ConnectionError | TimeoutError | socket.gaierror) or (
+        isinstance(exc, OSError) and exc.errno in _OUTAGE_ERRNOS)
+
+
+def unavailable_store(exc: BaseException) -> str | None:
+    """The store or service whose outage ``exc`` is ("Redis", "Milvus", "Kafka"; "Store" for a bare network
+    error), or None when ``exc`` is not an outage. Causes are followed, as clients wrap what they caught."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        if _is_outage(seen):
+            return _client_of(exc) or _client_of(seen) or "Store"
+        seen = seen.__cause__
+    return None
+
+
+def classify(exc: BaseException) -> tuple[ErrorKind, str]:
+    """``(error_kind, message)`` of a failed query. The message is one line and carries no traceback; an
+    ``internal`` error's message does not carry the exception's text either (it is logged)."""
+    if isinstance(exc, UnsupportedQuery):
+        return "invalid", str(exc)
+    if isinstance(exc, QueryError):
+        return "not_found", str(exc)
+    store = unavailable_store(exc)
+    if store is not None:
+        detail = exc.message if isinstance(exc, MilvusException) else str(exc)
+        detail = " ".join(detail.split()) or type(exc).__name__
+        return "unavailable", f"{store} unavailable: {detail}"[:500]
+    return "internal", f"internal error ({type(exc).__name__})"
+
+
+def failed_answer(req: QueryRequest, exc: BaseException, started: float) -> QueryAnswer:
+    """The answer to a query that failed with ``exc``: classified and, when the service is at fault, logged
+    with the request id (never the patient id)."""
+    kind, message = classify(exc)
+    if kind == "unavailable":
+        log.warning("query %s not answered: %s", req.request_id, message)
+    elif kind == "internal":
+        log.error("query %s failed: %s", req.request_id, message, exc_info=exc)
+        message += f"; logged with request_id {req.request_id}"
+    return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=False, error=message,
+                       error_kind=kind, answered_at=datetime.now(UTC), latency_ms=_ms(started))
