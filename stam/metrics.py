@@ -18,8 +18,9 @@ REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact were redone because the patient state moved meanwhile")
 DEAD_LETTERS = Counter("stam_dead_letters_total", "Messages sent to the dead-letter topic",
                        ["stage", "error_type"])
-QUERIES = Counter("stam_queries_total", "Queries answered, by channel and what was served",
-                  ["channel", "served"])
+QUERIES = Counter("stam_queries_total", "Queries answered, by channel, outcome ('ok' or the error kind: "
+                  "not_found, invalid, unavailable, internal) and what was served (active, both, none)",
+                  ["channel", "outcome", "served"])
 QUERY_SECONDS = Histogram(
     "stam_query_seconds", "Query latency (retrieval, gate, packet; reader included when configured)",
     ["channel"], buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))

@@ -6,10 +6,15 @@
 - HTTP: ``POST /v1/query`` with a QueryRequest JSON body (``request_id`` may be omitted) and
   ``Authorization: Bearer <STAM_QUERY_TOKEN>`` returns the QueryAnswer. Without a configured token the
   endpoint answers 503 to everyone; a missing or wrong token gets 401. ``GET /v1/health`` needs no token.
+
+A query that cannot be answered still gets a QueryAnswer (``ok=false``, ``error_kind``): over Kafka it is
+produced like any answer and the stream goes on; over HTTP the kind sets the status (``HTTP_STATUS``), and a
+store outage is a 503 with ``Retry-After``. Packets are built off the event loop (``QueryService.answer``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -21,14 +26,17 @@ import faust
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
-from schemas.query import QueryAnswer, QueryRequest
+from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
 from stam.metrics import QUERIES, QUERY_SECONDS
-from stam.read.service import QueryService
+from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.query")
+
+HTTP_STATUS: dict[ErrorKind, int] = {"not_found": 404, "invalid": 400, "unavailable": 503, "internal": 500}
+RETRY_AFTER_S = 5
 
 
 def build_service(settings: Settings, runtime: Runtime) -> QueryService:
@@ -54,7 +62,7 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
                         tokenizer=load_tokenizer(settings.tokenizer or settings.embedding_model),
                         gate=load_gate(settings.resolved_gate_file(), settings.gate_threshold),
                         projection=VectorProjection(deps.vectors, max_vectors=settings.projection_max_vectors),
-                        reader=reader, transitions=transitions)
+                        reader=reader, transitions=transitions, threads=settings.query_concurrency)
 
 
 def limit_threads(n: int) -> None:
@@ -67,10 +75,19 @@ def limit_threads(n: int) -> None:
 
 
 def observe(answer: QueryAnswer, channel: str) -> None:
-    served = "error" if not answer.ok or answer.packet is None else (
+    served = "none" if not answer.ok or answer.packet is None else (
         "both" if answer.packet.gate.serve_history else "active")
-    QUERIES.labels(channel=channel, served=served).inc()
+    outcome = "ok" if answer.ok else (answer.error_kind or "internal")
+    QUERIES.labels(channel=channel, outcome=outcome, served=served).inc()
     QUERY_SECONDS.labels(channel=channel).observe(answer.latency_ms / 1000)
+
+
+def http_status(answer: QueryAnswer) -> tuple[int, dict[str, str]]:
+    """HTTP status and extra headers of an answer: 200, or the error kind's status."""
+    if answer.ok:
+        return 200, {}
+    status = HTTP_STATUS[answer.error_kind or "internal"]
+    return status, ({"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {})
 
 
 def check_bearer(settings: Settings, header: str | None) -> tuple[int, str] | None:
@@ -88,11 +105,23 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                              web_host=settings.query_web_host)
     runtime = Runtime(settings=settings, topics=topics)
     holder: dict[str, QueryService] = {}
+    building = asyncio.Lock()
 
-    def service() -> QueryService:
-        if "svc" not in holder:
-            holder["svc"] = build_service(settings, runtime)
+    async def service() -> QueryService:
+        """The service, built once and off the event loop (model load, store connections); a failed build
+        (a store down at start) is tried again by the next query."""
+        async with building:
+            if "svc" not in holder:
+                holder["svc"] = await asyncio.to_thread(build_service, settings, runtime)
         return holder["svc"]
+
+    async def respond(req: QueryRequest) -> QueryAnswer:
+        started = time.perf_counter()
+        try:
+            svc = await service()
+        except Exception as exc:
+            return failed_answer(req, exc, started)
+        return await svc.answer(req)
 
     @app.agent(topics.queries, name="stam.query")
     async def query(stream: faust.StreamT[Any]) -> None:
@@ -102,13 +131,18 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             except (ValidationError, ValueError, TypeError) as exc:
                 await runtime.dead_letter(event, "query", exc)
                 continue
-            answer = await service().answer(req)
+            answer = await respond(req)
             observe(answer, "kafka")
             await topics.answers.send(key=req.patient_id.encode(), value=answer.model_dump_json().encode())
 
     @app.task
     async def _warm() -> None:
-        service().embedder.embed(["warm-up question for the embedding model"] * 4)
+        try:
+            svc = await service()
+            await asyncio.to_thread(svc.embedder.embed, ["warm-up question for the embedding model"] * 4)
+        except Exception as exc:  # a store down at start: queries are answered 'unavailable' until it is back
+            log.warning("query worker not ready: %s: %s", type(exc).__name__, " ".join(str(exc).split())[:300])
+            return
         log.info("query worker ready")
 
     @app.page("/v1/health")
@@ -129,11 +163,13 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                     body.setdefault("request_id", str(uuid.uuid4()))
                 req = QueryRequest.model_validate(body)
             except (ValidationError, ValueError) as exc:
-                return self.json({"ok": False, "error": f"invalid query: {exc}"[:2000]}, status=400)
-            answer = await service().answer(req)
+                return self.json({"ok": False, "error_kind": "invalid", "error": f"invalid query: {exc}"[:2000]},
+                                 status=400)
+            answer = await respond(req)
             observe(answer, "http")
             log.debug("http query answered in %.1f ms", (time.perf_counter() - started) * 1000)
-            return self.json(answer.model_dump(mode="json"), status=200 if answer.ok else 404)
+            status, headers = http_status(answer)
+            return self.json(answer.model_dump(mode="json"), status=status, headers=headers)
 
     return app, runtime
 
