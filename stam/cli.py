@@ -119,11 +119,24 @@ def cmd_ask(args: argparse.Namespace) -> int:
                        k_active=args.k_active, k_history=args.k_history, gate=GateMode(args.gate),
                        ranking="joint" if args.joint else "separate", labels=not args.no_labels, spans=args.spans,
                        token_budget=args.token_budget, as_of=as_of, as_of_version=args.as_of_version)
-    answer = asyncio.run(_query_service(settings).answer(req))
+    from stam.read.service import failed_answer
+
+    # pymilvus prints a traceback of its own for every failed call, and the service warns of an outage: the
+    # answer says what failed, in one line (a bug is still logged with its traceback).
+    for name in ("pymilvus", "pymilvus.milvus_client"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    logging.getLogger("stam.query").setLevel(logging.ERROR)
+    started = time.perf_counter()
+    try:
+        service = _query_service(settings)
+    except Exception as exc:  # a store down: Milvus is connected to when the service is built
+        answer = failed_answer(req, exc, started)
+    else:
+        answer = asyncio.run(service.answer(req))
     if args.json:
         print(answer.model_dump_json(indent=2))
     elif not answer.ok:
-        print(f"error: {answer.error}", file=sys.stderr)
+        print(f"error ({answer.error_kind}): {answer.error}", file=sys.stderr)
     else:
         assert answer.packet is not None
         p = answer.packet
