@@ -54,12 +54,21 @@ before ``as_of`` (inclusive). Templates (``qtype``):
   published after its pharmacy start. Unnamed drugs are never asked about. Per patient, "yes" and "no"
   candidates alternate (the first side by hash), so the chosen questions are about half yes.
 - ``order_changed_into``: "What was the <drug> order of <ordertime> changed into?": a POE medication order
-  ended by exactly one row, a 'Change'; answer: the drug of the Change's own order (named like POE orders
-  above). ``as_of`` is the Change's ordertime (when a clinician would ask; it makes the Change row the newest
-  fact of the answer in a point-in-time read). Evidence: the old order's and the Change's POE entries.
-  Skipped: either order unnamed, the old order ended more than once, or another POE order of the same drug
-  placed at the same ordertime (the question would not say which). Most Changes (dose, frequency) keep the
-  drug, so the answer usually repeats the drug the question names.
+  ended by exactly one row, a 'Change'; answer: what the Change's own (new) order prescribes, ``"<drug>
+  <dosage>"`` as the loader publishes it on the new order's first pharmacy version (its earliest start): the
+  drug the loader names that row by and its ``dosage`` (dose_val_rx/dose_unit_rx of the same prescription,
+  route, frequency), e.g. "Vancomycin 750 mg IV Q 8H". Evidence: the old order's and the Change's POE entries
+  and the entry of each pharmacy row of the new order at that start (``:start``, or the single entry the loader
+  publishes when the order was ended before it started or the row has no stop). ``as_of`` is that start, or
+  the Change's ordertime when the pharmacy start is earlier: the new dosage is only in the record from the
+  pharmacy start on (asked at the ordertime, the answer would postdate the question), and every evidence entry
+  is in the record then. Skipped: either order unnamed, the old order ended more than once, another POE order
+  of the same drug placed at the same ordertime (the question would not say which), the new order without a
+  pharmacy row, rows of the new order at its first start without a dosage or disagreeing on drug + dosage,
+  and changes the published rows cannot tell apart: the answer equals (case aside) the drug + dosage of one
+  of the old order's pharmacy rows (under its own name or the question's), or the old order has no pharmacy
+  row with a dosage. Most Changes alter dose, route or frequency and keep the drug; the answer never repeats
+  the old order's published drug + dosage (about half the Changes only alter what the rows do not show).
 - ``count``: the number of hospital admissions (whole record, ``as_of`` None; evidence: every admission), or
   the number of results of a lab item charted up to ``as_of`` (evidence: those rows).
 
@@ -93,7 +102,7 @@ from pathlib import Path
 from typing import IO
 
 from stam.errors import SourceError
-from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, is_mimic_root
+from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, _Builder, is_mimic_root
 
 __all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "build_questions", "read_jsonl", "split_of", "write_jsonl"]
 
@@ -248,6 +257,17 @@ class _Change:
 
 
 @dataclass(frozen=True)
+class _Dose:
+    """One pharmacy row of a POE order as the loader publishes it: its entry (``entry_id``, the ``:start`` or the
+    single entry) at ``start``, the drug it names and its ``dosage`` (the loader's string; None when it has none)."""
+
+    entry_id: str
+    start: datetime
+    name: str
+    dosage: str | None
+
+
+@dataclass(frozen=True)
 class _Version:
     """One published entry of a medication order (``ref``: the POE order, or the pharmacy order without one):
     the POE row, a pharmacy ``:start``/``:stop`` or single entry; ``rank`` orders entries of one time as the
@@ -272,11 +292,17 @@ class _Patient:
     versions: list[_Version]
     ref_ends: dict[str, list[datetime]]  # each order's end times by a POE 'Change' / 'D/C' naming it
     stays: list[tuple[datetime, datetime]]  # admissions: (admittime, dischtime)
+    doses: dict[str, list[_Dose]]  # each POE order's pharmacy rows (file order)
+
+
+def _main(names: list[tuple[int, str, str]]) -> tuple[int, str, str]:
+    """The prescription the loader describes an order by: its first of drug_type MAIN, else its first."""
+    return min(names, key=lambda x: (x[1] != "MAIN", x[0]))
 
 
 def _drug(names: list[tuple[int, str, str]]) -> str:
-    """The loader's drug name of an order: its first prescription of drug_type MAIN, else its first prescription."""
-    return min(names, key=lambda x: (x[1] != "MAIN", x[0]))[2].strip()
+    """The loader's drug name of an order (the drug of its :func:`_main` prescription)."""
+    return _main(names)[2].strip()
 
 
 def _pharmacy_versions(ref: str, n: int, name: str, start: datetime, stoptime: str, status: str,
@@ -316,15 +342,18 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
     # Drug names, the way the loader names orders (file order kept as the first tuple element).
     rx_by_pharmacy: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     rx_by_poe: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-    for n, (pid, poe_id, kind, drug) in enumerate(
-            _columns(root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug"), subjects)):
+    rx_dose: dict[int, dict[str, str]] = {}  # each prescription's dose and route (by file position)
+    for n, (pid, poe_id, kind, drug, dose, unit, route) in enumerate(_columns(
+            root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug", "dose_val_rx", "dose_unit_rx",
+                                    "route"), subjects)):
         if pid:
             rx_by_pharmacy[pid].append((n, kind, drug))
+            rx_dose[n] = {"dose_val_rx": dose, "dose_unit_rx": unit, "route": route}
         if poe_id:
             rx_by_poe[poe_id].append((n, kind, drug))
     emar_med = {poe_id: med for poe_id, med in _columns(root, "emar", ("poe_id", "medication"), subjects) if poe_id}
     pharmacy = list(_columns(root, "pharmacy", ("subject_id", "pharmacy_id", "poe_id", "starttime", "entertime",
-                                                 "stoptime", "status", "medication"), subjects))
+                                                 "stoptime", "status", "medication", "route", "frequency"), subjects))
     pharmacy_med = {r[2]: r[7] for r in pharmacy if r[2]}  # the last pharmacy row of an order, as the loader
 
     # POE: which order ended which (the loader's rule: discontinued_by_poe_id, overridden by the
@@ -349,14 +378,24 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
     spans: dict[str, list[_Span]] = defaultdict(list)
     first_start: dict[str, datetime] = {}  # the earliest pharmacy start of each POE order
     versions: dict[str, list[_Version]] = defaultdict(list)
-    for n, (subject, pid, poe_id, starttime, entertime, stoptime, status, med) in enumerate(pharmacy):
+    doses: dict[str, dict[str, list[_Dose]]] = defaultdict(lambda: defaultdict(list))
+    for n, (subject, pid, poe_id, starttime, entertime, stoptime, status, med, route, freq) in enumerate(pharmacy):
         rx = rx_by_pharmacy.get(pid, [])
         name = _drug(rx) if rx else med.strip()
         if not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
             continue
         start = _t(starttime or entertime)
+        ended_at = _t(poe[ended_by[poe_id]][2]) if poe_id in ended_by else None
         versions[subject].extend(_pharmacy_versions(poe_id or f"pharmacy:{pid}", n, name, start, stoptime, status,
-                                                    _t(poe[ended_by[poe_id]][2]) if poe_id in ended_by else None))
+                                                    ended_at))
+        if poe_id:
+            # The loader's dosage (of the prescription it names the order by) on the entry it publishes at start:
+            # ':start', or the single entry (ended by POE before it started; no stop time or no final status).
+            single = ended_at <= start if ended_at is not None else not stoptime or status not in _PHARMACY_STATUS
+            dosage = _Builder._dosage(rx_dose[_main(rx)[0]] if rx else None,
+                                      {"route": route, "frequency": freq})
+            doses[subject][poe_id].append(_Dose(f"{SOURCE}:pharmacy:{pid}" + ("" if single else ":start"), start,
+                                                name, dosage))
         if not name:
             continue
         if poe_id:
@@ -424,7 +463,7 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
     displays = {i: (f"{label} ({fluid})" if fluid else label) for i, (label, fluid) in labitems.items() if label}
     out: dict[str, _Patient] = {}
     for subject in sorted(set(labs) | set(admissions) | set(orders) | set(poe_orders) | set(stops) | set(spans)
-                          | set(versions)):
+                          | set(versions) | set(doses)):
         # A display shared by two items of the patient would make the question ambiguous: neither is asked about.
         shared = Counter(displays[i] for i in all_items[subject] if i in displays)
         kept = {i: sorted(rows, key=lambda r: (r.time, int(r.labevent_id)))
@@ -436,7 +475,8 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
                                 sorted(spans[subject], key=lambda s: (s.start, s.name, s.opened)),
                                 sorted(changes[subject], key=lambda c: (c.time, c.new)),
                                 sorted(versions[subject], key=lambda v: (v.time, v.rank)),
-                                {k: sorted(v) for k, v in ref_ends[subject].items()}, sorted(stays[subject]))
+                                {k: sorted(v) for k, v in ref_ends[subject].items()}, sorted(stays[subject]),
+                                dict(doses[subject]))
     return out, displays
 
 
@@ -679,6 +719,8 @@ class _Templates:
                    for ref, v in latest.items())
 
     def changed(self) -> list[_Candidate]:
+        """Each POE medication order ended by one 'Change': the new order's drug and dosage as published on its
+        first pharmacy version(s), asked once that version is published (see the module docstring)."""
         out: list[_Candidate] = []
         for c in self.rows.changes:
             if not c.old_name or not c.new_name or c.old_time > c.time:
@@ -688,10 +730,26 @@ class _Templates:
             if sum(o.start == c.old_time and o.name.casefold() == c.old_name.casefold()
                    for o in self.rows.poe_orders) != 1:
                 continue
+            new = self.rows.doses.get(c.new, [])
+            if not new:
+                continue
+            first = min(d.start for d in new)
+            at_first = [d for d in new if d.start == first]
+            answers = {f"{d.name} {d.dosage}" for d in at_first if d.name and d.dosage}
+            if len(answers) != 1 or len(at_first) != sum(bool(d.name and d.dosage) for d in at_first):
+                continue  # no dosage, or versions of the new order that disagree at its first start
+            answer = answers.pop()
+            # What the old order's own published rows say: a change into one of those (duration, instructions)
+            # cannot be told apart from no change; an old order without a dosage leaves the change unverifiable.
+            old = {f"{name} {d.dosage}".casefold() for d in self.rows.doses.get(c.old, []) if d.dosage
+                   for name in (d.name, c.old_name) if name}
+            if not old or answer.casefold() in old:
+                continue
+            when = max(c.time, first)  # the dosage is in the record from the pharmacy start on
             q = self.question(
                 self.qid("order_changed_into", c.old), "order_changed_into",
-                f"What was the {c.old_name} order of {_shown(c.old_time)} changed into?", c.new_name, c.time,
-                (f"{SOURCE}:poe:{c.old}", f"{SOURCE}:poe:{c.new}"))
+                f"What was the {c.old_name} order of {_shown(c.old_time)} changed into?", answer, when,
+                (f"{SOURCE}:poe:{c.old}", f"{SOURCE}:poe:{c.new}", *sorted({d.entry_id for d in at_first})))
             out.append(self.fixed(q))
         return out
 

@@ -177,9 +177,9 @@ def test_jsonl_round_trip(demo: list[Question], tmp_path: Path) -> None:
 # --- current-versus-history templates ------------------------------------------------------------------------
 
 
-def test_new_templates_hand_checked(every: list[Question]) -> None:
+def test_new_templates_hand_checked(heavy: list[Question]) -> None:
     """Questions whose rows were read by hand from the CSV files."""
-    by_id = {q.question_id: q for q in every}
+    by_id = {q.question_id: q for q in heavy}
     lab = "mimic-iv:labevents:"
     expected = [
         # INR(PT) 51237 of 10000032: ... 584 (2180-08-07 06:15, 1.7, no unit), 596 (2180-08-10 12:00, 1.6).
@@ -193,10 +193,19 @@ def test_new_templates_hand_checked(every: list[Question]) -> None:
         # Magnesium 50960: first 31 (2180-03-23 11:51, 1.8 mg/dL), last 579 (2180-08-07 06:15, valuenum '2').
         ("change_since_first:10000032:50960", "How has the patient's Magnesium (Blood) changed since the first "
          "result?", "1.8 mg/dL to 2 mg/dL", None, (lab + "31", lab + "579")),
-        # POE 10000032-30 (Furosemide, New, 2180-05-07 00:04:41) ended only by 10000032-50 (Change, 09:27:50),
-        # whose prescription is Furosemide too; the other orders placed at 00:04:41 are other drugs.
+        # POE 10000032-30 (Furosemide, New, 2180-05-07 00:04:41; pharmacy 99060160: 20 mg PO/NG DAILY) ended only
+        # by 10000032-50 (Change, 09:27:50), whose one pharmacy row 19796602 starts 2180-05-08 08:00 (stoptime
+        # before it, 'Discontinued via patient discharge': ':start' and ':stop') with prescription Furosemide 40 mg,
+        # route PO/NG, frequency DAILY; the other orders placed at 00:04:41 are other drugs.
         ("order_changed_into:10000032:10000032-30", "What was the Furosemide order of 2180-05-07 00:04:41 changed "
-         "into?", "Furosemide", "2180-05-07T09:27:50+00:00", ("mimic-iv:poe:10000032-30", "mimic-iv:poe:10000032-50")),
+         "into?", "Furosemide 40 mg PO/NG DAILY", "2180-05-08T08:00:00+00:00",
+         ("mimic-iv:poe:10000032-30", "mimic-iv:poe:10000032-50", "mimic-iv:pharmacy:19796602:start")),
+        # POE 10035631-394 (Vancomycin, 2112-11-13 12:22:26; pharmacy 38257416: 1000 mg IV Q 8H) ended only by
+        # 10035631-430 (Change, 2112-11-15 09:16:32), whose pharmacy row 80347361 (Vancomycin 750 mg, IV, Q 8H)
+        # starts 16:00, after 430 was itself changed by 10035631-432 (10:53:30): one entry, no ':start'.
+        ("order_changed_into:10035631:10035631-394", "What was the Vancomycin order of 2112-11-13 12:22:26 changed "
+         "into?", "Vancomycin 750 mg IV Q 8H", "2112-11-15T16:00:00+00:00",
+         ("mimic-iv:poe:10035631-394", "mimic-iv:poe:10035631-430", "mimic-iv:pharmacy:80347361")),
         # Pharmacy 31659569 (Phytonadione, 2182-01-09 08:00 to 13:00, Discontinued; POE 10019917-42 never D/C'd).
         ("drug_active_at:10019917:pharmacy-31659569-start@21820109T103000",
          "As of 2182-01-09 10:30:00, was Phytonadione an active medication order?", "yes",
@@ -236,20 +245,63 @@ def test_new_lab_templates_recomputed_from_labevents(every: list[Question]) -> N
     assert len(checked) == 3 and min(checked.values()) >= 3, checked  # change_since_first is never timed
 
 
-def test_order_changed_into_matches_the_change_rows(every: list[Question]) -> None:
-    for patient in PATIENTS:
+def _dosage(rx: dict[str, str], ph: dict[str, str]) -> str:
+    """A pharmacy row's dosage written from the rows: dose and unit of the prescription, route, frequency."""
+    return " ".join(b for b in (f"{rx['dose_val_rx']} {rx['dose_unit_rx']}".strip(), ph["route"] or rx["route"],
+                                ph["frequency"]) if b)
+
+
+def test_order_changed_into_matches_the_change_rows(heavy: list[Question]) -> None:
+    checked = 0
+    for patient in (*PATIENTS, *MED_HEAVY):
         poe = {r["poe_id"]: r for r in rows("poe", patient)}
-        drugs: dict[str, set[str]] = {}
+        pharmacy = {r["pharmacy_id"]: r for r in rows("pharmacy", patient)}
+        main: dict[str, dict[str, str]] = {}  # each pharmacy row's first MAIN prescription
         for r in rows("prescriptions", patient):
-            drugs.setdefault(r["poe_id"], set()).add(r["drug"].strip())
-        for q in of(every, patient, "order_changed_into"):
-            old, new = (poe[e.removeprefix("mimic-iv:poe:")] for e in q.evidence)
+            if r["drug_type"] == "MAIN":
+                main.setdefault(r["pharmacy_id"], r)
+
+        def described(pid: str, main: dict[str, dict[str, str]] = main,
+                      pharmacy: dict[str, dict[str, str]] = pharmacy) -> str:
+            return f"{main[pid]['drug'].strip()} {_dosage(main[pid], pharmacy[pid])}".casefold()
+
+        for q in of(heavy, patient, "order_changed_into"):
+            old, new = (poe[e.removeprefix("mimic-iv:poe:")] for e in q.evidence[:2])
             assert new["transaction_type"] == "Change" and new["discontinue_of_poe_id"] == old["poe_id"]
-            assert old["order_type"] == "Medications" and q.as_of is not None
-            assert when(q.as_of) == when(new["ordertime"]) and old["ordertime"] in q.question
+            assert old["order_type"] == "Medications" and q.as_of is not None and old["ordertime"] in q.question
             assert sum(r["discontinue_of_poe_id"] == old["poe_id"] for r in poe.values()) == 1
-            assert q.answer in drugs.get(new["poe_id"], {q.answer})
-    assert len(of(every, "10000032", "order_changed_into")) == 7
+            # the new order's pharmacy rows at its first start: the evidence, all with the answer's drug and dosage
+            mine = [r for r in pharmacy.values() if r["poe_id"] == new["poe_id"]]
+            first = min(r["starttime"] for r in mine)
+            pids = sorted(r["pharmacy_id"] for r in mine if r["starttime"] == first)
+            assert sorted(e.split(":")[2] for e in q.evidence[2:]) == pids
+            assert {described(pid) for pid in pids} == {q.answer.casefold()}, q
+            # asked when both the Change and the new dosage are in the record
+            assert when(q.as_of) == max(when(new["ordertime"]), when(first))
+            # a change the rows can tell apart: none of the old order's pharmacy rows reads the same
+            olds = [r["pharmacy_id"] for r in pharmacy.values() if r["poe_id"] == old["poe_id"]]
+            assert olds and q.answer.casefold() not in {described(pid) for pid in olds if pid in main}
+            checked += 1
+    assert len(of(heavy, "10000032", "order_changed_into")) == 3 and checked >= 40, checked
+
+
+def test_order_changed_into_answer_is_on_the_published_entry(heavy: list[Question],
+                                                             published: dict[str, list[Any]]) -> None:
+    """The answer is the drug and dosage the loader publishes on the new order's pharmacy entry; every evidence
+    entry is in the record at ``as_of``."""
+    for q in (q for q in heavy if q.qtype == "order_changed_into"):
+        assert q.as_of is not None
+        entries = {e.entry_id: e for e in published[q.patient_id]}
+        assert all(_when_published(entries[ev]) <= when(q.as_of) for ev in q.evidence)
+        for ev in q.evidence[2:]:
+            e = entries[ev]
+            drug = next(c.display for c in e.codes if c.system == SYS_DRUG)
+            assert ev.startswith("mimic-iv:pharmacy:") and f"{drug} {e.dosage}" == q.answer, (q, e)
+        old_ref = entries[q.evidence[0]].source_ref
+        old_doses = {f"{c.display} {e.dosage}".casefold() for e in published[q.patient_id]
+                     if e.source_ref == old_ref and e.entry_id.startswith("mimic-iv:pharmacy:") and e.dosage
+                     for c in e.codes if c.system == SYS_DRUG}
+        assert old_doses and q.answer.casefold() not in old_doses, q
 
 
 @pytest.fixture(scope="module")
