@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from stam.config import Settings
+from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam.publish import FORMATS
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
@@ -850,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--split", default="test", choices=["train", "dev", "test"])
     q.add_argument("--patients", type=int, default=0, help="first N patients of the split (0: all)")
-    q.add_argument("--per-patient", type=int, default=12)
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--budget", type=int, default=4000, help="full-context token budget")
     q.add_argument("--rag-k", type=int, default=16)
@@ -868,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--subjects")
-    q.add_argument("--per-patient", type=int, default=12)
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--out", default="mimic-qa.jsonl")
     q.set_defaults(fn=cmd_eval_questions)

@@ -14,6 +14,15 @@ before ``as_of`` (inclusive). Templates (``qtype``):
 - ``min_value`` / ``max_value``: the lowest / highest numeric result; every row with that value is evidence.
 - ``value_at_time``: the result in effect at ``as_of`` = the latest result at or before it. ``as_of`` is the
   midpoint (floored to the minute) between one result time and the item's next, so it is never the last one.
+- ``previous_value``: "What was the <display> value before the most recent one?": the result of the time before
+  the latest one. Half the items (by hash) ask it at a time instead ("As of <T>, ..."; ``as_of`` = the midpoint
+  between a result time j >= 1 and the next one, so group j is the latest then); either form falls back to the
+  other when it has no pair of agreed groups. Evidence: the rows of both times (a reader needs the latest to
+  know which one is previous); skipped when either time's results disagree.
+- ``change_since_first``: "How has the patient's <display> changed since the first result?" (whole record).
+  Answer ``"<first> to <latest>"``, each value written as the other lab templates write it ("3.9 mEq/L to 4.4
+  mEq/L", also when the two are equal); token F1 then credits each number and unit, one value with its unit
+  gets 0.6, and only exact match checks the order. Evidence: the rows of the first and latest times.
 - ``current_medication``: at ``as_of`` (the moment some pharmacy order ended), among the pharmacy orders active
   then (start <= as_of < end), the drug of the one started most recently. An order's end is what the loader
   publishes: the ordertime of the POE 'Change'/'D/C' that ended it, else the pharmacy ``stoptime`` (orders with
@@ -26,6 +35,40 @@ before ``as_of`` (inclusive). Templates (``qtype``):
   the ending row), or a pharmacy order with a discontinued status that no POE order ended (evidence: its
   ``:start`` and ``:stop``). Skipped when something else ended at the same time: another drug, or an order
   whose drug the rows do not name (an order ended twice, an IV order, an unnamed medication).
+- ``drug_active_at``: "As of <T>, was <drug> an active medication order?", "yes" or "no". The drug's orders
+  (any spelling of the name: MIMIC writes tall-man letters, "LORazepam" / "Lorazepam") are its pharmacy
+  orders, active over the loader's interval as for ``current_medication``, and its POE medication orders ended
+  by a 'Change'/'D/C' (from ordertime to that row). "yes": an order is active at T (evidence: the ``:start``
+  or POE entry of each one active); "no": none is, and one had ended by T (evidence: the start and ending
+  entries of the order(s) that ended last: ``:start`` + ``:stop``, or + the POE row that ended it). Times:
+  the midpoint of an active interval ("yes" candidates) and the midpoint between an end and the drug's next
+  order or the discharge of the admission it ended in, whichever comes first ("no" candidates; none when it
+  ended outside an admission or at discharge), floored to the minute and strictly inside. Skipped: an order of
+  the drug starts or ends exactly at T; an order of the drug whose state the rows leave open covers T (a POE
+  order with no pharmacy row and no Change/D/C, which the loader publishes active for good; a POE order
+  between its ordertime and its first pharmacy start; a pharmacy order on hold or without a stoptime); and
+  any case where the order's published versions disagree with the intervals: a POE order and its pharmacy
+  rows share one order identity, and the answer must also hold when each order is as its latest published
+  entry at T says (active, naming the drug, not ended by a Change/D/C since); e.g. a second pharmacy row of
+  one POE order that stops while the first still runs, or an IV order's POE row (which names no drug)
+  published after its pharmacy start. Unnamed drugs are never asked about. Per patient, "yes" and "no"
+  candidates alternate (the first side by hash), so the chosen questions are about half yes.
+- ``order_changed_into``: "What was the <drug> order of <ordertime> changed into?": a POE medication order
+  ended by exactly one row, a 'Change'; answer: what the Change's own (new) order prescribes, ``"<drug>
+  <dosage>"`` as the loader publishes it on the new order's first pharmacy version (its earliest start): the
+  drug the loader names that row by and its ``dosage`` (dose_val_rx/dose_unit_rx of the same prescription,
+  route, frequency), e.g. "Vancomycin 750 mg IV Q 8H". Evidence: the old order's and the Change's POE entries
+  and the entry of each pharmacy row of the new order at that start (``:start``, or the single entry the loader
+  publishes when the order was ended before it started or the row has no stop). ``as_of`` is that start, or
+  the Change's ordertime when the pharmacy start is earlier: the new dosage is only in the record from the
+  pharmacy start on (asked at the ordertime, the answer would postdate the question), and every evidence entry
+  is in the record then. Skipped: either order unnamed, the old order ended more than once, another POE order
+  of the same drug placed at the same ordertime (the question would not say which), the new order without a
+  pharmacy row, rows of the new order at its first start without a dosage or disagreeing on drug + dosage,
+  and changes the published rows cannot tell apart: the answer equals (case aside) the drug + dosage of one
+  of the old order's pharmacy rows (under its own name or the question's), or the old order has no pharmacy
+  row with a dosage. Most Changes alter dose, route or frequency and keep the drug; the answer never repeats
+  the old order's published drug + dosage (about half the Changes only alter what the rows do not show).
 - ``count``: the number of hospital admissions (whole record, ``as_of`` None; evidence: every admission), or
   the number of results of a lab item charted up to ``as_of`` (evidence: those rows).
 
@@ -34,10 +77,14 @@ published entry displays ``label (fluid)``: e.g. blood-gas and chemistry "Glucos
 words) and, for the value templates, with >= 3 numeric results in one unit (MCHC is written in % and g/dL).
 Numbers are ``valuenum`` as MIMIC writes it, followed by ``valueuom`` when there is one.
 
-Choice: for each patient and template, candidates are ordered by a hash of (seed, question_id); templates are
-taken round robin from a per-patient rotation of :data:`QTYPES` until ``per_patient`` questions (the admissions
-count is the first ``count`` candidate). The split is by a hash of the patient id (60/20/20), so a patient's
-questions are all in one split whatever the seed.
+Choice: for each patient and template, candidates are ordered by a hash of (seed, question_id) (for
+``drug_active_at``, yes and no alternating, each in that order); templates are taken round robin from a
+per-patient rotation of :data:`QTYPES` until ``per_patient`` questions (the admissions count is the first
+``count`` candidate; a template without candidates leaves its turn to the others). The default
+:data:`PER_PATIENT` = 18 keeps 1.5 questions per template and patient with 12 templates, the share each had
+with 8 templates and 12: every template gets one question per patient where it has one, and six of them a
+second (which six turns with the rotation). The split is by a hash of the patient id (60/20/20), so a
+patient's questions are all in one split whatever the seed.
 """
 
 from __future__ import annotations
@@ -55,12 +102,14 @@ from pathlib import Path
 from typing import IO
 
 from stam.errors import SourceError
-from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, is_mimic_root
+from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, _Builder, is_mimic_root
 
-__all__ = ["QTYPES", "SPLITS", "Question", "build_questions", "read_jsonl", "split_of", "write_jsonl"]
+__all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "build_questions", "read_jsonl", "split_of", "write_jsonl"]
 
-QTYPES: tuple[str, ...] = ("first_value", "last_value", "min_value", "max_value", "value_at_time",
-                           "current_medication", "discontinued_medication", "count")
+QTYPES: tuple[str, ...] = ("first_value", "last_value", "previous_value", "change_since_first", "min_value",
+                           "max_value", "value_at_time", "current_medication", "drug_active_at",
+                           "discontinued_medication", "order_changed_into", "count")
+PER_PATIENT = 18  # questions per patient by default: 1.5 per template (see the module docstring)
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 # Pharmacy statuses that mean the order was stopped before running its course (the loader's "stopped").
 _DISCONTINUED = frozenset(k for k, v in _PHARMACY_STATUS.items() if v == "stopped")
@@ -180,6 +229,57 @@ class _Stop:
     evidence: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _Span:
+    """When a medication order of ``name`` is active in the published rows: over [start, end) with the entries
+    that open (``opened``) and end (``closed``) it when ``clear``; when not ``clear``, the published rows leave
+    its state unclear from ``start`` (to ``end`` when set, else for good) and no drug_active_at question of that
+    drug is asked in that time."""
+
+    name: str
+    start: datetime
+    end: datetime | None
+    opened: tuple[str, ...]
+    closed: tuple[str, ...]
+    clear: bool
+
+
+@dataclass(frozen=True)
+class _Change:
+    """A POE medication order (``old``) ended by exactly one row, a 'Change' whose own order is ``new``."""
+
+    old: str
+    old_name: str
+    old_time: datetime
+    new: str
+    new_name: str
+    time: datetime
+
+
+@dataclass(frozen=True)
+class _Dose:
+    """One pharmacy row of a POE order as the loader publishes it: its entry (``entry_id``, the ``:start`` or the
+    single entry) at ``start``, the drug it names and its ``dosage`` (the loader's string; None when it has none)."""
+
+    entry_id: str
+    start: datetime
+    name: str
+    dosage: str | None
+
+
+@dataclass(frozen=True)
+class _Version:
+    """One published entry of a medication order (``ref``: the POE order, or the pharmacy order without one):
+    the POE row, a pharmacy ``:start``/``:stop`` or single entry; ``rank`` orders entries of one time as the
+    loader does (POE before pharmacy, then row order). ``name`` is the drug it names ("" for none)."""
+
+    ref: str
+    time: datetime
+    rank: tuple[int, int]
+    active: bool
+    name: str
+
+
 @dataclass
 class _Patient:
     labs: dict[str, list[_Lab]]
@@ -187,11 +287,35 @@ class _Patient:
     orders: list[_Order]
     poe_orders: list[_Order]
     stops: list[_Stop]
+    spans: list[_Span]
+    changes: list[_Change]
+    versions: list[_Version]
+    ref_ends: dict[str, list[datetime]]  # each order's end times by a POE 'Change' / 'D/C' naming it
+    stays: list[tuple[datetime, datetime]]  # admissions: (admittime, dischtime)
+    doses: dict[str, list[_Dose]]  # each POE order's pharmacy rows (file order)
+
+
+def _main(names: list[tuple[int, str, str]]) -> tuple[int, str, str]:
+    """The prescription the loader describes an order by: its first of drug_type MAIN, else its first."""
+    return min(names, key=lambda x: (x[1] != "MAIN", x[0]))
 
 
 def _drug(names: list[tuple[int, str, str]]) -> str:
-    """The loader's drug name of an order: its first prescription of drug_type MAIN, else its first prescription."""
-    return min(names, key=lambda x: (x[1] != "MAIN", x[0]))[2].strip()
+    """The loader's drug name of an order (the drug of its :func:`_main` prescription)."""
+    return _main(names)[2].strip()
+
+
+def _pharmacy_versions(ref: str, n: int, name: str, start: datetime, stoptime: str, status: str,
+                       ended: datetime | None) -> list[_Version]:
+    """The entries the loader publishes for one pharmacy row (``ended``: the time of the POE row that ended its
+    order, if any): one entry, or ``:start`` and ``:stop``."""
+    final = _PHARMACY_STATUS.get(status)
+    if ended is not None:  # ':start' only, or one stopped entry when discontinued before it started
+        return [_Version(ref, start, (1, 2 * n), ended > start, name)]
+    if not stoptime or final is None:
+        return [_Version(ref, start, (1, 2 * n), final is None, name)]
+    return [_Version(ref, start, (1, 2 * n), True, name),
+            _Version(ref, max(_t(stoptime), start), (1, 2 * n + 1), False, name)]
 
 
 def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], dict[str, str]]:
@@ -207,22 +331,29 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
             continue
         labs[subject][itemid].append(_Lab(lid, itemid, _t(charttime), valuenum.strip(), unit.strip()))
     admissions: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
-    for subject, hadm, admittime in _columns(root, "admissions", ("subject_id", "hadm_id", "admittime"), subjects):
+    stays: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for subject, hadm, admittime, dischtime in _columns(root, "admissions", ("subject_id", "hadm_id", "admittime",
+                                                                             "dischtime"), subjects):
         if _readable(admittime):
             admissions[subject].append((_t(admittime), hadm))
+            if dischtime and _readable(dischtime):
+                stays[subject].append((_t(admittime), _t(dischtime)))
 
     # Drug names, the way the loader names orders (file order kept as the first tuple element).
     rx_by_pharmacy: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     rx_by_poe: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-    for n, (pid, poe_id, kind, drug) in enumerate(
-            _columns(root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug"), subjects)):
+    rx_dose: dict[int, dict[str, str]] = {}  # each prescription's dose and route (by file position)
+    for n, (pid, poe_id, kind, drug, dose, unit, route) in enumerate(_columns(
+            root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug", "dose_val_rx", "dose_unit_rx",
+                                    "route"), subjects)):
         if pid:
             rx_by_pharmacy[pid].append((n, kind, drug))
+            rx_dose[n] = {"dose_val_rx": dose, "dose_unit_rx": unit, "route": route}
         if poe_id:
             rx_by_poe[poe_id].append((n, kind, drug))
     emar_med = {poe_id: med for poe_id, med in _columns(root, "emar", ("poe_id", "medication"), subjects) if poe_id}
     pharmacy = list(_columns(root, "pharmacy", ("subject_id", "pharmacy_id", "poe_id", "starttime", "entertime",
-                                                 "stoptime", "status", "medication"), subjects))
+                                                 "stoptime", "status", "medication", "route", "frequency"), subjects))
     pharmacy_med = {r[2]: r[7] for r in pharmacy if r[2]}  # the last pharmacy row of an order, as the loader
 
     # POE: which order ended which (the loader's rule: discontinued_by_poe_id, overridden by the
@@ -244,33 +375,82 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
 
     orders: dict[str, list[_Order]] = defaultdict(list)
     stops: dict[str, list[_Stop]] = defaultdict(list)
-    for subject, pid, poe_id, starttime, entertime, stoptime, status, med in pharmacy:
+    spans: dict[str, list[_Span]] = defaultdict(list)
+    first_start: dict[str, datetime] = {}  # the earliest pharmacy start of each POE order
+    versions: dict[str, list[_Version]] = defaultdict(list)
+    doses: dict[str, dict[str, list[_Dose]]] = defaultdict(lambda: defaultdict(list))
+    for n, (subject, pid, poe_id, starttime, entertime, stoptime, status, med, route, freq) in enumerate(pharmacy):
         rx = rx_by_pharmacy.get(pid, [])
         name = _drug(rx) if rx else med.strip()
-        if not name or not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
+        if not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
             continue
         start = _t(starttime or entertime)
+        ended_at = _t(poe[ended_by[poe_id]][2]) if poe_id in ended_by else None
+        versions[subject].extend(_pharmacy_versions(poe_id or f"pharmacy:{pid}", n, name, start, stoptime, status,
+                                                    ended_at))
+        if poe_id:
+            # The loader's dosage (of the prescription it names the order by) on the entry it publishes at start:
+            # ':start', or the single entry (ended by POE before it started; no stop time or no final status).
+            single = ended_at <= start if ended_at is not None else not stoptime or status not in _PHARMACY_STATUS
+            dosage = _Builder._dosage(rx_dose[_main(rx)[0]] if rx else None,
+                                      {"route": route, "frequency": freq})
+            doses[subject][poe_id].append(_Dose(f"{SOURCE}:pharmacy:{pid}" + ("" if single else ":start"), start,
+                                                name, dosage))
+        if not name:
+            continue
+        if poe_id:
+            first_start[poe_id] = min(start, first_start.get(poe_id, start))
+        opened = (f"{SOURCE}:pharmacy:{pid}:start",)
         ender = ended_by.get(poe_id) if poe_id else None
         if ender is not None:
             # The POE order that ended this one is the published stop (no ':stop' entry).
             ended = _t(poe[ender][2])
             orders[subject].append(_Order(pid, name, start, ended if ended > start else None))
+            if ended > start:  # else one entry, discontinued before it started: never active
+                spans[subject].append(_Span(name, start, ended, opened, (f"{SOURCE}:poe:{ender}",), True))
         elif stoptime and status in _PHARMACY_STATUS and status != "H":
             stop = max(_t(stoptime), start)
             orders[subject].append(_Order(pid, name, start, stop))
+            spans[subject].append(_Span(name, start, stop, opened, (f"{SOURCE}:pharmacy:{pid}:stop",), True))
             if status in _DISCONTINUED:
                 stops[subject].append(_Stop(stop, name, (f"{SOURCE}:pharmacy:{pid}:start",
                                                          f"{SOURCE}:pharmacy:{pid}:stop")))
+        else:
+            # On hold (published active, then on-hold), or no stoptime (one entry that never ends): unclear.
+            spans[subject].append(_Span(name, start, None, (), (), False))
 
     def poe_name(poe_id: str) -> str:
         rx = rx_by_poe.get(poe_id, [])
         return _drug(rx) if rx else (pharmacy_med.get(poe_id) or emar_med.get(poe_id) or "").strip()
 
     poe_orders: dict[str, list[_Order]] = defaultdict(list)
-    for pid, subject, ordertime, order_type, tx, of, _ in poe.values():
+    changes: dict[str, list[_Change]] = defaultdict(list)
+    ref_ends: dict[str, dict[str, list[datetime]]] = defaultdict(lambda: defaultdict(list))
+    for n, (pid, subject, ordertime, order_type, tx, of, _) in enumerate(poe.values()):
+        if tx in ("New", "Change", "H") and (order_type == "Medications" or pid in pharmacy_med):
+            versions[subject].append(_Version(pid, _t(ordertime), (0, n), tx != "H",
+                                              poe_name(pid) if order_type == "Medications" else ""))
+        if tx in ("Change", "D/C") and of:
+            ref_ends[subject][of].append(_t(ordertime))
         if order_type == "Medications" and tx in ("New", "Change"):
             ender = ended_by.get(pid)
-            poe_orders[subject].append(_Order(pid, poe_name(pid), _t(ordertime), _t(poe[ender][2]) if ender else None))
+            name, start = poe_name(pid), _t(ordertime)
+            poe_orders[subject].append(_Order(pid, name, start, _t(poe[ender][2]) if ender else None))
+            if ender:
+                ended = _t(poe[ender][2])
+                spans[subject].append(_Span(name, start, ended, (f"{SOURCE}:poe:{pid}",), (f"{SOURCE}:poe:{ender}",),
+                                            True) if ended > start else _Span(name, start, None, (), (), False))
+            elif pid not in pharmacy_med:
+                # Published active and never ended (no pharmacy row stops it): its real state is unknown.
+                spans[subject].append(_Span(name, start, None, (), (), False))
+            elif first_start.get(pid, start) > start:
+                # Ordered, not yet started by the pharmacy: the published order is active, the pharmacy's not yet.
+                spans[subject].append(_Span(name, start, first_start[pid], (), (), False))
+            elif pid not in first_start:
+                spans[subject].append(_Span(name, start, None, (), (), False))
+            if tx == "Change" and of in poe and enders[of] == 1 and poe[of][3] == "Medications" \
+                    and poe[of][4] in ("New", "Change"):
+                changes[subject].append(_Change(of, poe_name(of), _t(poe[of][2]), pid, name, start))
         if tx not in ("Change", "D/C") or not of:
             continue
         name = poe_name(of) if order_type == "Medications" and of in poe and enders[of] == 1 else ""
@@ -282,7 +462,8 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
 
     displays = {i: (f"{label} ({fluid})" if fluid else label) for i, (label, fluid) in labitems.items() if label}
     out: dict[str, _Patient] = {}
-    for subject in sorted(set(labs) | set(admissions) | set(orders) | set(poe_orders) | set(stops)):
+    for subject in sorted(set(labs) | set(admissions) | set(orders) | set(poe_orders) | set(stops) | set(spans)
+                          | set(versions) | set(doses)):
         # A display shared by two items of the patient would make the question ambiguous: neither is asked about.
         shared = Counter(displays[i] for i in all_items[subject] if i in displays)
         kept = {i: sorted(rows, key=lambda r: (r.time, int(r.labevent_id)))
@@ -290,7 +471,12 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
         out[subject] = _Patient(kept, sorted(admissions[subject]),
                                 sorted(orders[subject], key=lambda o: (o.start, o.key)),
                                 sorted(poe_orders[subject], key=lambda o: (o.start, o.key)),
-                                sorted(stops[subject], key=lambda s: (s.time, s.evidence)))
+                                sorted(stops[subject], key=lambda s: (s.time, s.evidence)),
+                                sorted(spans[subject], key=lambda s: (s.start, s.name, s.opened)),
+                                sorted(changes[subject], key=lambda c: (c.time, c.new)),
+                                sorted(versions[subject], key=lambda v: (v.time, v.rank)),
+                                {k: sorted(v) for k, v in ref_ends[subject].items()}, sorted(stays[subject]),
+                                dict(doses[subject]))
     return out, displays
 
 
@@ -308,6 +494,7 @@ class _Templates:
         self.rows = rows
         self.displays = displays
         self.seed = str(seed)
+        self._versions: dict[str, list[_Version]] | None = None
 
     def qid(self, template: str, params: str) -> str:
         return f"mimic-qa:{template}:{self.patient}:{params}"
@@ -330,6 +517,8 @@ class _Templates:
                 out[qtype].append(cand)
         out["current_medication"] = self.current()
         out["discontinued_medication"] = self.discontinued()
+        out["drug_active_at"] = self.drug_active()
+        out["order_changed_into"] = self.changed()
         out["count"].extend(self.admissions())
         return out
 
@@ -366,13 +555,42 @@ class _Templates:
         usable = [i for i in range(len(groups) - 1) if _agreed(groups[i])]
         if usable:
             i = usable[_hash(self.seed, "at", self.patient, itemid) % len(usable)]
-            t0, t1 = groups[i][0].time, groups[i + 1][0].time
-            mid = t0 + (t1 - t0) / 2
-            when = max(t0, mid.replace(second=0, microsecond=0))
+            when = _between(groups[i][0].time, groups[i + 1][0].time)
             qid = self.qid("value_at_time", f"{itemid}@{_compact(when)}")
             yield "value_at_time", self.fixed(self.question(
                 qid, "value_at_time", f"As of {_shown(when)}, what was the patient's most recent {display} value?",
                 groups[i][0].answer, when, (r.entry_id for r in groups[i])))
+        previous = self.previous(itemid, display, groups)
+        if previous is not None:
+            yield "previous_value", self.fixed(previous)
+        if len(groups) >= 2 and _agreed(groups[0]) and _agreed(groups[-1]):
+            qid = self.qid("change_since_first", itemid)
+            yield "change_since_first", self.fixed(self.question(
+                qid, "change_since_first", f"How has the patient's {display} changed since the first result?",
+                f"{groups[0][0].answer} to {groups[-1][0].answer}", None,
+                (r.entry_id for r in (*groups[0], *groups[-1]))))
+
+    def previous(self, itemid: str, display: str, groups: list[list[_Lab]]) -> Question | None:
+        """The result before the latest one: of the whole record, or as of a time between two later results
+        (half the items, by hash, ask at a time; each falls back to the other form when its own has no pair of
+        agreed groups)."""
+        whole = len(groups) >= 2 and _agreed(groups[-2]) and _agreed(groups[-1])
+        # as of a time between group j and j + 1 (so group j is the latest then and j - 1 the one before)
+        usable = [j for j in range(1, len(groups) - 1) if _agreed(groups[j - 1]) and _agreed(groups[j])]
+        timed = _hash(self.seed, "previous", self.patient, itemid) % 2 == 1
+        if usable and (timed or not whole):
+            j = usable[_hash(self.seed, "previous-at", self.patient, itemid) % len(usable)]
+            when = _between(groups[j][0].time, groups[j + 1][0].time)
+            return self.question(
+                self.qid("previous_value", f"{itemid}@{_compact(when)}"), "previous_value",
+                f"As of {_shown(when)}, what was the {display} value before the most recent one?",
+                groups[j - 1][0].answer, when, (r.entry_id for r in (*groups[j - 1], *groups[j])))
+        if whole:
+            return self.question(
+                self.qid("previous_value", itemid), "previous_value",
+                f"What was the {display} value before the most recent one?", groups[-2][0].answer, None,
+                (r.entry_id for r in (*groups[-2], *groups[-1])))
+        return None
 
     # medications
 
@@ -415,6 +633,126 @@ class _Templates:
             f"As of {_shown(when)}, which medication order was most recently discontinued or changed?",
             names.pop(), when, sorted({e for s in last for e in s.evidence}))
 
+    def drug_active(self) -> list[_Candidate]:
+        """At the midpoint of each clear active interval (a "yes" candidate) and at the midpoint between its end
+        and the drug's next order or the discharge of the admission it ended in, whichever is first (a "no"
+        candidate; none when it ended outside an admission or at its discharge); each question is answered from
+        every order of the drug, whatever candidate it came from. Yes and no alternate (from a per-patient hashed
+        side), each in hash order, so a patient's questions are balanced when both exist."""
+        by_drug: dict[str, list[_Span]] = defaultdict(list)
+        for s in self.rows.spans:
+            by_drug[s.name.casefold()].append(s)
+        seen: set[tuple[str, datetime]] = set()
+        answers: dict[str, list[Question]] = {"yes": [], "no": []}
+        for s in self.rows.spans:
+            if not s.clear or not s.name or s.end is None:
+                continue
+            key = s.name.casefold()
+            discharge = min((b for a, b in self.rows.stays if a <= s.end < b), default=s.end)
+            nxt = min((o.start for o in by_drug[key] if o.start > s.end), default=discharge)
+            for when in (_inside(s.start, s.end), _inside(s.end, min(nxt, discharge))):
+                if when is None or (key, when) in seen:
+                    continue
+                seen.add((key, when))
+                q = self.drug_active_at(s, by_drug[key], when)
+                if q is not None:
+                    answers[q.answer].append(q)
+        for qs in answers.values():
+            qs.sort(key=lambda q: (_hash(self.seed, q.question_id), q.question_id))
+        first, second = answers["yes"], answers["no"]
+        if _hash(self.seed, "yes-no", self.patient) % 2:
+            first, second = second, first
+        out: list[_Candidate] = []
+        for i in range(max(len(first), len(second))):
+            for qs in (first, second):
+                if i < len(qs):
+                    out.append((len(out), qs[i].question_id, partial(_same_question, qs[i])))
+        return out
+
+    def drug_active_at(self, asked: _Span, spans: list[_Span], when: datetime) -> Question | None:
+        """Was an order of ``asked``'s drug (any spelling of the name) active at ``when``? None when unclear:
+        an order of the drug starts or ends exactly then, or one whose state the rows leave open covers it."""
+        for s in spans:
+            if when in (s.start, s.end) or (not s.clear and s.start <= when and (s.end is None or when < s.end)):
+                return None
+        clear = [s for s in spans if s.clear and s.end is not None]
+        active = [s for s in clear if s.start <= when < s.end]  # type: ignore[operator]
+        published = self.published_active(asked.name.casefold(), when)
+        if published is None or published != bool(active):
+            return None  # the order's published versions disagree with its rows' interval, or one changes then
+        if active:
+            answer, evidence = "yes", {e for s in active for e in s.opened}
+        else:
+            ended = [s for s in clear if s.end < when]  # type: ignore[operator]
+            if not ended:
+                return None
+            latest = max(s.end for s in ended)  # type: ignore[type-var]
+            answer, evidence = "no", {e for s in ended if s.end == latest for e in (*s.opened, *s.closed)}
+        origin = asked.opened[0].removeprefix(f"{SOURCE}:").replace(":", "-")
+        return self.question(
+            self.qid("drug_active_at", f"{origin}@{_compact(when)}"), "drug_active_at",
+            f"As of {_shown(when)}, was {asked.name} an active medication order?", answer, when, sorted(evidence))
+
+    def published_active(self, key: str, when: datetime) -> bool | None:
+        """Whether an order naming the drug ``key`` is active at ``when`` by its published versions alone: the
+        latest entry of each order at or before ``when`` is active, names the drug, and no POE 'Change'/'D/C'
+        ended the order since. None when an entry of such an order, or its end, falls exactly at ``when``."""
+        if self._versions is None:  # each drug's orders' versions, in publishing order
+            by_name: dict[str, set[str]] = defaultdict(set)
+            for v in self.rows.versions:
+                by_name[v.name.casefold()].add(v.ref)
+            self._versions = {k: [v for v in self.rows.versions if v.ref in r] for k, r in by_name.items()}
+        versions = self._versions.get(key, [])
+        refs = {v.ref for v in versions}
+        latest: dict[str, _Version] = {}
+        for v in versions:
+            if v.time == when:
+                return None
+            if v.time > when:
+                break
+            latest[v.ref] = v
+        for ref in refs:
+            if when in self.rows.ref_ends.get(ref, ()):
+                return None
+        return any(v.active and v.name.casefold() == key
+                   and not any(v.time <= t < when for t in self.rows.ref_ends.get(ref, ()))
+                   for ref, v in latest.items())
+
+    def changed(self) -> list[_Candidate]:
+        """Each POE medication order ended by one 'Change': the new order's drug and dosage as published on its
+        first pharmacy version(s), asked once that version is published (see the module docstring)."""
+        out: list[_Candidate] = []
+        for c in self.rows.changes:
+            if not c.old_name or not c.new_name or c.old_time > c.time:
+                continue
+            # The question names the old order by drug and order time: another order of that drug placed at the
+            # same time would make it ambiguous.
+            if sum(o.start == c.old_time and o.name.casefold() == c.old_name.casefold()
+                   for o in self.rows.poe_orders) != 1:
+                continue
+            new = self.rows.doses.get(c.new, [])
+            if not new:
+                continue
+            first = min(d.start for d in new)
+            at_first = [d for d in new if d.start == first]
+            answers = {f"{d.name} {d.dosage}" for d in at_first if d.name and d.dosage}
+            if len(answers) != 1 or len(at_first) != sum(bool(d.name and d.dosage) for d in at_first):
+                continue  # no dosage, or versions of the new order that disagree at its first start
+            answer = answers.pop()
+            # What the old order's own published rows say: a change into one of those (duration, instructions)
+            # cannot be told apart from no change; an old order without a dosage leaves the change unverifiable.
+            old = {f"{name} {d.dosage}".casefold() for d in self.rows.doses.get(c.old, []) if d.dosage
+                   for name in (d.name, c.old_name) if name}
+            if not old or answer.casefold() in old:
+                continue
+            when = max(c.time, first)  # the dosage is in the record from the pharmacy start on
+            q = self.question(
+                self.qid("order_changed_into", c.old), "order_changed_into",
+                f"What was the {c.old_name} order of {_shown(c.old_time)} changed into?", answer, when,
+                (f"{SOURCE}:poe:{c.old}", f"{SOURCE}:poe:{c.new}", *sorted({d.entry_id for d in at_first})))
+            out.append(self.fixed(q))
+        return out
+
     # admissions
 
     def admissions(self) -> list[_Candidate]:
@@ -441,6 +779,18 @@ def _by_time(rows: list[_Lab]) -> list[list[_Lab]]:
     return groups
 
 
+def _between(t0: datetime, t1: datetime) -> datetime:
+    """The midpoint of two result times, floored to the minute (never before ``t0``)."""
+    mid = t0 + (t1 - t0) / 2
+    return max(t0, mid.replace(second=0, microsecond=0))
+
+
+def _inside(t0: datetime, t1: datetime) -> datetime | None:
+    """The midpoint of (t0, t1) floored to the minute when it falls strictly inside, else None."""
+    mid = (t0 + (t1 - t0) / 2).replace(second=0, microsecond=0)
+    return mid if t0 < mid < t1 else None
+
+
 def _agreed(group: list[_Lab]) -> bool:
     """Results charted at one time that all carry the same number (a tie that cannot be broken is skipped)."""
     return all(r.valuenum for r in group) and len({float(r.valuenum) for r in group}) == 1
@@ -464,7 +814,7 @@ def _select(patient: str, cands: dict[str, list[_Candidate]], per_patient: int, 
     return out
 
 
-def build_questions(root: Path, *, per_patient: int = 12, seed: int = 0,
+def build_questions(root: Path, *, per_patient: int = PER_PATIENT, seed: int = 0,
                     subjects: Iterable[str] | None = None) -> list[Question]:
     """The question set of the MIMIC-IV folder ``root``: patients in ascending subject_id, up to ``per_patient``
     questions each. Same input, same output (everything is ordered explicitly; choices are hashes of the seed)."""

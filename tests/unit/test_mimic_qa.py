@@ -1,5 +1,6 @@
 """MIMIC-QA question set on the real MIMIC-IV demo: determinism, patient split, evidence the loader publishes,
-and answers recomputed by hand (a few lines of csv reading) for two patients."""
+and answers recomputed by hand (a few lines of csv reading) for two patients, plus questions of the
+current-versus-history templates read off the CSV rows by hand (zcat | grep)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from typing import Any
 
 import pytest
 
-from stam.eval.mimic_qa import QTYPES, Question, build_questions, read_jsonl, split_of, write_jsonl
-from stam.sources.mimic import load_mimic
+from stam.eval.mimic_qa import PER_PATIENT, QTYPES, Question, build_questions, read_jsonl, split_of, write_jsonl
+from stam.sources.mimic import SYS_DRUG, iter_mimic, load_mimic
 from tests.conftest import DATA
 
 MIMIC = DATA / "mimic-iv-demo-2.2"
 PATIENTS = ("10000032", "10019917")  # four admissions; one admission (read by hand in test_mimic.py)
+# Many medication orders: POE orders with several pharmacy rows, IV orders whose pharmacy row starts first.
+MED_HEAVY = ("10005866", "10035631")
 
 
 def need_mimic() -> None:
@@ -38,6 +41,14 @@ def every() -> list[Question]:
     return build_questions(MIMIC, per_patient=100_000, subjects=PATIENTS)
 
 
+@pytest.fixture(scope="module")
+def published() -> dict[str, list[Any]]:
+    """The entries the loader publishes for the two patients and the medication-heavy ones."""
+    need_mimic()
+    return {entries[0].patient_id: entries for entries in iter_mimic(MIMIC, subjects=(*PATIENTS, *MED_HEAVY))
+            if entries}
+
+
 def rows(table: str, subject: str) -> list[dict[str, str]]:
     with gzip.open(MIMIC / "hosp" / f"{table}.csv.gz", "rt", newline="") as fh:
         return [r for r in csv.DictReader(fh) if r["subject_id"] == subject]
@@ -54,7 +65,7 @@ def when(s: str) -> datetime:
 
 def test_same_input_same_questions(demo: list[Question]) -> None:
     assert build_questions(MIMIC) == demo
-    assert len(demo) == 12 * 100 and len({q.question_id for q in demo}) == len(demo)
+    assert PER_PATIENT == 18 and len(demo) == PER_PATIENT * 100 and len({q.question_id for q in demo}) == len(demo)
     assert set(Counter(q.qtype for q in demo)) == set(QTYPES)
     some = build_questions(MIMIC, subjects=list(reversed(PATIENTS)))  # the subset is the full set's questions
     assert some == [q for q in demo if q.patient_id in PATIENTS]
@@ -161,3 +172,210 @@ def test_jsonl_round_trip(demo: list[Question], tmp_path: Path) -> None:
     assert write_jsonl(demo, path) == len(demo)
     back: Any = read_jsonl(path)
     assert back == demo and isinstance(back[0].evidence, tuple)
+
+
+# --- current-versus-history templates ------------------------------------------------------------------------
+
+
+def test_new_templates_hand_checked(heavy: list[Question]) -> None:
+    """Questions whose rows were read by hand from the CSV files."""
+    by_id = {q.question_id: q for q in heavy}
+    lab = "mimic-iv:labevents:"
+    expected = [
+        # INR(PT) 51237 of 10000032: ... 584 (2180-08-07 06:15, 1.7, no unit), 596 (2180-08-10 12:00, 1.6).
+        ("previous_value:10000032:51237", "What was the INR(PT) (Blood) value before the most recent one?",
+         "1.7", None, (lab + "584", lab + "596")),
+        # Lactate 50813: 267 (2180-06-26 16:39, 1.7), 379 (2180-07-23 06:48, value '___', valuenum 1.6),
+        # 513 (2180-08-05 21:27, 2.1): as of 2180-07-30 the latest is 379, the one before 267.
+        ("previous_value:10000032:50813@21800730T020700",
+         "As of 2180-07-30 02:07:00, what was the Lactate (Blood) value before the most recent one?",
+         "1.7 mmol/L", "2180-07-30T02:07:00+00:00", (lab + "267", lab + "379")),
+        # Magnesium 50960: first 31 (2180-03-23 11:51, 1.8 mg/dL), last 579 (2180-08-07 06:15, valuenum '2').
+        ("change_since_first:10000032:50960", "How has the patient's Magnesium (Blood) changed since the first "
+         "result?", "1.8 mg/dL to 2 mg/dL", None, (lab + "31", lab + "579")),
+        # POE 10000032-30 (Furosemide, New, 2180-05-07 00:04:41; pharmacy 99060160: 20 mg PO/NG DAILY) ended only
+        # by 10000032-50 (Change, 09:27:50), whose one pharmacy row 19796602 starts 2180-05-08 08:00 (stoptime
+        # before it, 'Discontinued via patient discharge': ':start' and ':stop') with prescription Furosemide 40 mg,
+        # route PO/NG, frequency DAILY; the other orders placed at 00:04:41 are other drugs.
+        ("order_changed_into:10000032:10000032-30", "What was the Furosemide order of 2180-05-07 00:04:41 changed "
+         "into?", "Furosemide 40 mg PO/NG DAILY", "2180-05-08T08:00:00+00:00",
+         ("mimic-iv:poe:10000032-30", "mimic-iv:poe:10000032-50", "mimic-iv:pharmacy:19796602:start")),
+        # POE 10035631-394 (Vancomycin, 2112-11-13 12:22:26; pharmacy 38257416: 1000 mg IV Q 8H) ended only by
+        # 10035631-430 (Change, 2112-11-15 09:16:32), whose pharmacy row 80347361 (Vancomycin 750 mg, IV, Q 8H)
+        # starts 16:00, after 430 was itself changed by 10035631-432 (10:53:30): one entry, no ':start'.
+        ("order_changed_into:10035631:10035631-394", "What was the Vancomycin order of 2112-11-13 12:22:26 changed "
+         "into?", "Vancomycin 750 mg IV Q 8H", "2112-11-15T16:00:00+00:00",
+         ("mimic-iv:poe:10035631-394", "mimic-iv:poe:10035631-430", "mimic-iv:pharmacy:80347361")),
+        # Pharmacy 31659569 (Phytonadione, 2182-01-09 08:00 to 13:00, Discontinued; POE 10019917-42 never D/C'd).
+        ("drug_active_at:10019917:pharmacy-31659569-start@21820109T103000",
+         "As of 2182-01-09 10:30:00, was Phytonadione an active medication order?", "yes",
+         "2182-01-09T10:30:00+00:00", ("mimic-iv:pharmacy:31659569:start",)),
+        # Epoetin Alfa: POE 10019917-15's two pharmacy rows (49692826, 6636385) expired 2182-01-09 06:00; the next
+        # order (10019917-31) is placed later that morning and starts 09:00: at 06:35 none is active.
+        ("drug_active_at:10019917:pharmacy-49692826-start@21820109T063500",
+         "As of 2182-01-09 06:35:00, was Epoetin Alfa an active medication order?", "no",
+         "2182-01-09T06:35:00+00:00", ("mimic-iv:pharmacy:49692826:start", "mimic-iv:pharmacy:49692826:stop",
+                                        "mimic-iv:pharmacy:6636385:start", "mimic-iv:pharmacy:6636385:stop")),
+    ]
+    for qid, text, answer, as_of, evidence in expected:
+        q = by_id[f"mimic-qa:{qid}"]
+        assert (q.question, q.answer, q.as_of, q.evidence) == (text, answer, as_of, evidence), q
+
+
+def test_new_lab_templates_recomputed_from_labevents(every: list[Question]) -> None:
+    checked: Counter[str] = Counter()
+    for patient in PATIENTS:
+        labs = rows("labevents", patient)
+        for q in of(every, patient, "previous_value") + of(every, patient, "change_since_first"):
+            itemid = q.question_id.split(":")[3].split("@")[0]
+            mine = [r for r in labs if r["itemid"] == itemid
+                    and (q.as_of is None or when(r["charttime"]) <= when(q.as_of))]
+            times = sorted({r["charttime"] for r in mine})
+            at = {t: [r for r in mine if r["charttime"] == t] for t in times}
+            shown = {t: f"{g[0]['valuenum']} {g[0]['valueuom']}".strip() for t, g in at.items()}
+            ids = {t: {f"mimic-iv:labevents:{r['labevent_id']}" for r in g} for t, g in at.items()}
+            one, two = (times[-2], times[-1]) if q.qtype == "previous_value" else (times[0], times[-1])
+            for t in (one, two):  # each time's results agree
+                assert len({float(r["valuenum"]) for r in at[t]}) == 1
+            expected = shown[one] if q.qtype == "previous_value" else f"{shown[one]} to {shown[two]}"
+            assert q.answer == expected and set(q.evidence) == ids[one] | ids[two], q
+            if q.as_of is not None:  # asked between two results, never after the last one
+                assert any(when(r["charttime"]) > when(q.as_of) for r in labs if r["itemid"] == itemid)
+            checked[q.qtype, q.as_of is None] += 1
+    assert len(checked) == 3 and min(checked.values()) >= 3, checked  # change_since_first is never timed
+
+
+def _dosage(rx: dict[str, str], ph: dict[str, str]) -> str:
+    """A pharmacy row's dosage written from the rows: dose and unit of the prescription, route, frequency."""
+    return " ".join(b for b in (f"{rx['dose_val_rx']} {rx['dose_unit_rx']}".strip(), ph["route"] or rx["route"],
+                                ph["frequency"]) if b)
+
+
+def test_order_changed_into_matches_the_change_rows(heavy: list[Question]) -> None:
+    checked = 0
+    for patient in (*PATIENTS, *MED_HEAVY):
+        poe = {r["poe_id"]: r for r in rows("poe", patient)}
+        pharmacy = {r["pharmacy_id"]: r for r in rows("pharmacy", patient)}
+        main: dict[str, dict[str, str]] = {}  # each pharmacy row's first MAIN prescription
+        for r in rows("prescriptions", patient):
+            if r["drug_type"] == "MAIN":
+                main.setdefault(r["pharmacy_id"], r)
+
+        def described(pid: str, main: dict[str, dict[str, str]] = main,
+                      pharmacy: dict[str, dict[str, str]] = pharmacy) -> str:
+            return f"{main[pid]['drug'].strip()} {_dosage(main[pid], pharmacy[pid])}".casefold()
+
+        for q in of(heavy, patient, "order_changed_into"):
+            old, new = (poe[e.removeprefix("mimic-iv:poe:")] for e in q.evidence[:2])
+            assert new["transaction_type"] == "Change" and new["discontinue_of_poe_id"] == old["poe_id"]
+            assert old["order_type"] == "Medications" and q.as_of is not None and old["ordertime"] in q.question
+            assert sum(r["discontinue_of_poe_id"] == old["poe_id"] for r in poe.values()) == 1
+            # the new order's pharmacy rows at its first start: the evidence, all with the answer's drug and dosage
+            mine = [r for r in pharmacy.values() if r["poe_id"] == new["poe_id"]]
+            first = min(r["starttime"] for r in mine)
+            pids = sorted(r["pharmacy_id"] for r in mine if r["starttime"] == first)
+            assert sorted(e.split(":")[2] for e in q.evidence[2:]) == pids
+            assert {described(pid) for pid in pids} == {q.answer.casefold()}, q
+            # asked when both the Change and the new dosage are in the record
+            assert when(q.as_of) == max(when(new["ordertime"]), when(first))
+            # a change the rows can tell apart: none of the old order's pharmacy rows reads the same
+            olds = [r["pharmacy_id"] for r in pharmacy.values() if r["poe_id"] == old["poe_id"]]
+            assert olds and q.answer.casefold() not in {described(pid) for pid in olds if pid in main}
+            checked += 1
+    assert len(of(heavy, "10000032", "order_changed_into")) == 3 and checked >= 40, checked
+
+
+def test_order_changed_into_answer_is_on_the_published_entry(heavy: list[Question],
+                                                             published: dict[str, list[Any]]) -> None:
+    """The answer is the drug and dosage the loader publishes on the new order's pharmacy entry; every evidence
+    entry is in the record at ``as_of``."""
+    for q in (q for q in heavy if q.qtype == "order_changed_into"):
+        assert q.as_of is not None
+        entries = {e.entry_id: e for e in published[q.patient_id]}
+        assert all(_when_published(entries[ev]) <= when(q.as_of) for ev in q.evidence)
+        for ev in q.evidence[2:]:
+            e = entries[ev]
+            drug = next(c.display for c in e.codes if c.system == SYS_DRUG)
+            assert ev.startswith("mimic-iv:pharmacy:") and f"{drug} {e.dosage}" == q.answer, (q, e)
+        old_ref = entries[q.evidence[0]].source_ref
+        old_doses = {f"{c.display} {e.dosage}".casefold() for e in published[q.patient_id]
+                     if e.source_ref == old_ref and e.entry_id.startswith("mimic-iv:pharmacy:") and e.dosage
+                     for c in e.codes if c.system == SYS_DRUG}
+        assert old_doses and q.answer.casefold() not in old_doses, q
+
+
+@pytest.fixture(scope="module")
+def heavy() -> list[Question]:
+    """Every candidate question of the two patients and the medication-heavy ones."""
+    need_mimic()
+    return build_questions(MIMIC, per_patient=100_000, subjects=(*PATIENTS, *MED_HEAVY))
+
+
+def _when_published(e: Any) -> datetime:
+    return (e.effective_end if e.entry_id.endswith(":stop") else e.effective_at).replace(tzinfo=None)
+
+
+class _Orders:
+    """One patient's medication orders read from the published entries alone: the entries of each order
+    (source_ref) in publishing order, and the times each was replaced or discontinued by another entry."""
+
+    def __init__(self, entries: list[Any]) -> None:
+        self.versions: dict[str, list[Any]] = {}
+        self.ends: dict[str, list[datetime]] = {}
+        self.by_drug: dict[str, set[str]] = {}
+        for e in entries:
+            if e.resource_type not in ("MedicationRequest", "ServiceRequest"):
+                continue
+            self.versions.setdefault(e.source_ref, []).append(e)
+            for r in e.references:
+                if r.role in ("replaces", "discontinues"):
+                    self.ends.setdefault(r.target, []).append(_when_published(e))
+            for c in e.codes:
+                if c.system == SYS_DRUG and c.display:
+                    self.by_drug.setdefault(c.display.casefold(), set()).add(e.source_ref)
+
+    def active(self, drug: str, at: datetime) -> bool:
+        """An order whose latest entry at ``at`` is active and names the drug, not replaced or discontinued since."""
+        for ref in self.by_drug.get(drug, ()):
+            seen = [e for e in self.versions[ref] if _when_published(e) <= at]
+            if not seen:
+                continue
+            last = seen[-1]
+            names = {c.display.casefold() for c in last.codes if c.system == SYS_DRUG and c.display}
+            if last.status == "active" and drug in names and \
+                    not any(_when_published(last) <= t <= at for t in self.ends.get(ref, ())):
+                return True
+        return False
+
+
+def test_drug_active_at_agrees_with_the_published_entries(heavy: list[Question],
+                                                          published: dict[str, list[Any]]) -> None:
+    orders = {p: _Orders(entries) for p, entries in published.items()}
+    times = {p: {e.entry_id: _when_published(e) for e in entries} for p, entries in published.items()}
+    answers: Counter[str] = Counter()
+    for q in (q for q in heavy if q.qtype == "drug_active_at"):
+        assert q.as_of is not None
+        at = when(q.as_of)
+        drug = q.question.split(", was ", 1)[1].removesuffix(" an active medication order?").casefold()
+        assert orders[q.patient_id].active(drug, at) == (q.answer == "yes"), q
+        # yes: the entries that opened the active orders; no: the start and end of the order(s) that ended last
+        assert all(times[q.patient_id][ev] < at for ev in q.evidence)
+        assert (len(q.evidence) >= 2) if q.answer == "no" else not any(ev.endswith(":stop") for ev in q.evidence)
+        answers[q.answer] += 1
+    assert answers["yes"] > 100 and answers["no"] > 100, answers
+
+
+def test_every_evidence_id_is_published_for_medication_heavy_patients(heavy: list[Question],
+                                                                      published: dict[str, list[Any]]) -> None:
+    assert set(Counter(q.qtype for q in heavy if q.patient_id in MED_HEAVY)) == set(QTYPES)
+    ids = {p: {e.entry_id for e in entries} for p, entries in published.items()}
+    for q in heavy:
+        assert q.evidence and set(q.evidence) <= ids[q.patient_id], (q.question_id, set(q.evidence) - ids[q.patient_id])
+
+
+def test_drug_active_at_is_balanced_and_every_template_has_its_share(demo: list[Question]) -> None:
+    answers = Counter(q.answer for q in demo if q.qtype == "drug_active_at")
+    assert set(answers) == {"yes", "no"} and abs(answers["yes"] - answers["no"]) <= 0.1 * sum(answers.values())
+    per_type = Counter(q.qtype for q in demo)
+    assert min(per_type.values()) >= 120, per_type  # about 1.5 per template and patient (100 patients)
+
