@@ -465,6 +465,10 @@ class _Builder:
         name = drugs[0].display if drugs else (r.get("medication") or "medication")
         if poe_id:
             identity = self.order_codes.get(poe_id, (Coding(system=SYS_ORDER, code=poe_id, display=name),))[0]
+            if drugs and name and identity.display and name.lower() not in identity.display.lower():
+                # An IV therapy or TPN order is named by its order type in POE ("IV therapy: IV fluids"); its
+                # pharmacy versions say which drug runs (the same order: same code).
+                identity = Coding(system=identity.system, code=identity.code, display=f"{name} ({identity.display})")
             # The POE order's own reference (IV therapy and TPN orders are ServiceRequests in POE), so a Change
             # or D/C naming the order reaches its pharmacy versions too.
             source_ref = self._order_ref(self.poe[poe_id]["order_type"] if poe_id in self.poe else "Medications",
