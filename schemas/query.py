@@ -6,6 +6,7 @@ Queries travel on ``stam.queries.v1`` (key = patient id) or arrive over HTTP; an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Literal
 
@@ -25,6 +26,41 @@ class GateMode(StrEnum):
     BOTH = "both"
 
 
+class Visibility(WireModel):
+    """Which evidence a query may see (the method's evidence visibility): e.g. notes withheld by policy.
+
+    A memory is visible when its source entry, category and source resource type pass every filter given
+    (an include list, when given, must contain it; an exclude list must not). Retrieval sees only visible
+    memories, and stores follow the same boundary: a memory whose end came from evidence that is not visible
+    (its successor, or what archived it) is served as current.
+    """
+
+    entry_ids: tuple[NonEmptyStr, ...] | None = Field(default=None, description="Only these source entries")
+    exclude_entry_ids: tuple[NonEmptyStr, ...] = Field(default=(), description="Never these source entries")
+    categories: tuple[Category, ...] | None = Field(default=None, description="Only these memory categories")
+    exclude_categories: tuple[Category, ...] = Field(default=(), description="Never these categories")
+    source_types: tuple[NonEmptyStr, ...] | None = Field(
+        default=None, description="Only memories from these source resource types (e.g. Observation)")
+    exclude_source_types: tuple[NonEmptyStr, ...] = Field(
+        default=(), description="Never memories from these source resource types (e.g. DocumentReference)")
+
+    def predicate(self) -> Callable[[str, str, str], bool]:
+        """``allows(entry_id, category, resource_type)``, with the lists turned into sets once."""
+        only_e = set(self.entry_ids) if self.entry_ids is not None else None
+        not_e = set(self.exclude_entry_ids)
+        only_c = {c.value for c in self.categories} if self.categories is not None else None
+        not_c = {c.value for c in self.exclude_categories}
+        only_s = set(self.source_types) if self.source_types is not None else None
+        not_s = set(self.exclude_source_types)
+
+        def allows(entry_id: str, category: str, resource: str) -> bool:
+            return ((only_e is None or entry_id in only_e) and entry_id not in not_e
+                    and (only_c is None or category in only_c) and category not in not_c
+                    and (only_s is None or resource in only_s) and resource not in not_s)
+
+        return allows
+
+
 class QueryRequest(WireModel):
     """A question about one patient. Every field but ``patient_id`` and ``question`` has a default."""
 
@@ -32,11 +68,13 @@ class QueryRequest(WireModel):
     request_id: NonEmptyStr
     patient_id: NonEmptyStr = Field(description="Required: a query reads exactly one patient's memory")
     question: str = Field(min_length=1, max_length=4000)
-    k_active: int = Field(default=8, ge=1, le=200, description="Retrieval budget in ACTIVE")
-    k_history: int = Field(default=8, ge=0, le=200, description="Retrieval budget in HISTORY")
+    k_active: int = Field(default=8, ge=1, le=200, description="Concept threads served (each with its current "
+                          "memory when it has one)")
+    k_history: int = Field(default=8, ge=0, le=200, description="Earlier (HISTORY) memories served per thread "
+                           "beyond what the question's intent needs, when HISTORY is served")
     ranking: Literal["separate", "joint"] = Field(
-        default="separate", description="separate: each store ranked within its budget, ACTIVE first; "
-        "joint: one ranking over both stores with budget k_active + k_history")
+        default="separate", description="separate: threads with a current memory first, then threads that "
+        "only hold HISTORY (a stopped drug); joint: one ranking over all threads")
     labels: bool = Field(default=True, description="Render Current/Historical labels (else neutral bullets)")
     spans: bool = Field(default=False, description="Render the source text around each memory")
     token_budget: int | None = Field(default=None, ge=1, description="Fill the packet by rank up to this")
@@ -46,6 +84,9 @@ class QueryRequest(WireModel):
     as_of_version: int | None = Field(default=None, ge=0, description="... or at this patient state version "
                                       "(a position in the patient's stream)")
     answer: bool = Field(default=True, description="Ask the reader model for an answer when one is configured")
+    visibility: Visibility | None = Field(default=None, description="Which evidence the query may see; None: all")
+    facts: bool = Field(default=True, description="Put statements computed from the state in the packet (the "
+                        "most recent value, the previous one, a count...) where the question names a concept")
 
     @model_validator(mode="after")
     def _one_past_point(self) -> QueryRequest:
@@ -82,7 +123,26 @@ class EvidenceItem(WireModel):
     source_entry_id: NonEmptyStr
     source_ref: str | None = None
     span_text: str | None = Field(default=None, description="Source text around the memory (spans=true)")
-    tokens: int = Field(ge=0, description="Tokens of this item's rendered line")
+    tokens: int = Field(ge=0, description="Tokens of this item's share of the rendered text")
+    thread: int = Field(default=0, ge=0, description="The concept thread (rendered block) the item belongs to, "
+                        "0 = the first block")
+    role: str | None = Field(default=None, description="Why it is served: current, latest, previous, first, "
+                             "highest, lowest, window (a value in the asked period), order, earlier (context)")
+    concept: str | None = Field(default=None, description="The concept's name (coded memories)")
+    value: str | None = Field(default=None, description="The value with its unit, as rendered")
+    dosage: str | None = None
+    ended_at: AwareDatetime | None = Field(default=None, description="Clinical time of the evidence that ended "
+                                           "it (HISTORY items)")
+
+
+class ComputedFact(WireModel):
+    """A short statement computed from the state (the most recent value, the previous one, a count...), with
+    the memories it came from. Only made when the question names a concept of the record (or a category of
+    orders) and asks something of time the state can compute; never a guess."""
+
+    kind: str = Field(description="The question's intent it answers (current, previous, first, count...)")
+    text: str
+    memory_ids: tuple[NonEmptyStr, ...]
 
 
 class EvidencePacket(WireModel):
@@ -92,7 +152,12 @@ class EvidencePacket(WireModel):
     state_version: int = Field(ge=0, description="Patient state version the packet was read from")
     as_of: AwareDatetime | None = None
     as_of_version: int | None = None
+    at: AwareDatetime | None = Field(default=None, description="Clinical time of the state served: as_of, or a "
+                                     "time the question names (the earlier of the two); None: now")
+    intent: str = Field(default="current", description="What the question asks of time, as understood (e.g. "
+                        "'previous', 'count from 2148-01-01 00:00')")
     gate: GateDecision
+    facts: tuple[ComputedFact, ...] = Field(default=(), description="Statements computed from the state")
     items: tuple[EvidenceItem, ...]
     dropped: int = Field(default=0, ge=0, description="Retrieved items left out by the token budget")
     rendered: str = Field(description="The text given to a reader")

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     query_threads: int = Field(default=1, ge=0, description="Torch and BLAS threads of a query process: one "
                                "question at a time is latency-bound, and extra threads contend (p99 x20 on "
                                "2 cores); 0 leaves the libraries' defaults")
+    query_cache_memories: int = Field(
+        default=500_000, ge=1, description="Memories of the patient timelines a query process keeps warm (least "
+        "recently asked patients out first; ~0.3 kB each plus their distinct vectors)")
     query_concurrency: int = Field(default=2, ge=1, le=64, description="Queries a query process works on at "
                                    "once, each on a thread of its own off the event loop")
 

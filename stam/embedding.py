@@ -80,6 +80,13 @@ class Embedder:
                                           for t, v in zip(fresh, vecs, strict=True)})
         return self.embed(texts)
 
+    def share(self, texts: Sequence[str], vectors: np.ndarray) -> None:
+        """Put concept vectors computed here (rows of ``vectors``) in the shared cache, as :meth:`embed_concepts`
+        does for the texts it embeds."""
+        if self.shared is not None and len(texts):
+            self.shared.set_many({self._key_prefix + digest(t): v.astype(np.float32).tobytes()
+                                  for t, v in zip(texts, vectors, strict=True)})
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Unit-normalised float32 vectors, one row per text."""
         out: list[np.ndarray | None] = [None] * len(texts)

@@ -23,3 +23,16 @@ class ConcurrentUpdate(StamError):
 
 class StackError(StamError):
     """The embedded stack could not start or reach one of its services."""
+
+
+class QueryError(StamError):
+    """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""
+
+
+class UnsupportedQuery(QueryError):
+    """A query this service cannot answer as asked (as_of_version where no transition log is configured)."""
+
+
+class IsolationBreach(StamError):
+    """A retrieved memory belongs to another patient. Never served: the query fails as an internal error and
+    is logged at ERROR."""

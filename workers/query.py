@@ -43,8 +43,8 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
     from stam.read.asof import read_patient_transitions
     from stam.read.gate import load_gate
     from stam.read.reader import OpenAIReader
+    from stam.read.service import TimelineCache
     from stam.read.tokens import load_tokenizer
-    from stam.stores.projection import VectorProjection
 
     if settings.query_threads:
         limit_threads(settings.query_threads)
@@ -61,8 +61,8 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
     return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
                         tokenizer=load_tokenizer(settings.tokenizer or settings.embedding_model),
                         gate=load_gate(settings.resolved_gate_file(), settings.gate_threshold),
-                        projection=VectorProjection(deps.vectors, max_vectors=settings.projection_max_vectors),
-                        reader=reader, transitions=transitions, threads=settings.query_concurrency)
+                        cache=TimelineCache(settings.query_cache_memories), reader=reader, transitions=transitions,
+                        threads=settings.query_concurrency)
 
 
 def limit_threads(n: int) -> None:

@@ -5,12 +5,20 @@ Two ways to name the past:
 - ``as_of_version=V``: the state right after the patient's V-th applied entry (a position in the
   patient's stream): the transitions with ``state_version <= V``, replayed in log order.
 - ``as_of=T`` (clinical time): the state the record describes at clinical time T, knowing what the log
-  knows now: the transitions whose evidence is clinically no later than T (``clinical_time <= T``;
-  transitions without a clinical time are kept), replayed in log order. An archival whose successor is
-  clinically later than T did not hold at T and is dropped: a value superseded at T+1 is still ACTIVE at T,
-  and a late-arriving older fact (added straight to HISTORY as ``prior-state``) is ACTIVE at its own time
-  when the fact that followed it is after T. A fact that arrived already ended (a condition published with
-  its abatement, added straight to HISTORY at that time) is ACTIVE at the T inside its validity interval.
+  knows now. Each memory's evidence has a clinical time: a fact that was current when it arrived holds from
+  its start (``effective_start``; an admission is current from admission, not from discharge); a fact that
+  arrived already ended (added straight to HISTORY: a stop, a resolved condition, a late-arriving older value)
+  is evidence of its end (``effective_end``, else its start). The transitions whose evidence is clinically no
+  later than T are replayed in log order (an archival's evidence is the memory that caused it; transitions
+  without a clinical time are kept). An archival whose successor is clinically later than T did not hold at T
+  and is dropped: a value superseded at T+1 is still ACTIVE at T, and a late-arriving older fact is ACTIVE at
+  its own time when the fact that followed it is after T. A fact that arrived already ended is ACTIVE at the T
+  inside its validity interval, unless it ended an earlier version of the same source resource (a pharmacy
+  stop: the start stands for the order). An archival of a memory that did not exist yet at T (an explicit
+  reference can end an order whose own start is later than the order that ended it) is left out.
+
+This replay is the reference; the read path computes the same states from the patient's timeline
+(:mod:`stam.read.timeline`) without re-reading the log, and a test checks both agree on real patients.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 
-from schemas import Store, TransitionEvent, TransitionKind
+from schemas import AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
 from stam.rebuild import replay
 from stam.state import PatientState
@@ -30,15 +38,22 @@ def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version
     return state
 
 
-def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str]) -> bool:
+def evidence_time(memory: AtomicMemory, placed_in_history: bool) -> datetime | None:
+    """The clinical time a memory is evidence at: its end when it arrived already ended, else its start."""
+    if placed_in_history:
+        return memory.effective_end or memory.effective_start
+    return memory.effective_start or memory.effective_end
+
+
+def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str], when: datetime | None) -> bool:
     """A fact that arrived already ended (added straight to HISTORY at its end time, e.g. a condition with its
     abatement) whose validity interval contains ``as_of``: it held then. Not when it ended an earlier version
     of the same source resource (``covered``: the stop of an order that was ACTIVE since its start): that
     version stands for it."""
     m = e.memory
     return (e.kind is TransitionKind.ADDED and e.to_store is Store.HISTORY and m is not None
-            and e.memory_id not in covered and m.effective_start is not None and e.clinical_time is not None
-            and m.effective_start <= as_of < e.clinical_time)
+            and e.memory_id not in covered and m.effective_start is not None and when is not None
+            and m.effective_start <= as_of < when)
 
 
 def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: datetime) -> PatientState:
@@ -46,12 +61,29 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
     source = {e.memory_id: e.memory.source_ref for e in mine if e.memory is not None and e.memory.source_ref}
     covered = {e.evidence_id for e in mine if e.kind is TransitionKind.ARCHIVED and e.evidence_id
                and source.get(e.memory_id) is not None and source.get(e.memory_id) == source.get(e.evidence_id)}
-    kept = [e if e.clinical_time is None or e.clinical_time <= as_of else
-            e.model_copy(update={"to_store": Store.ACTIVE, "reason": None, "successor_id": None})
-            for e in mine if e.clinical_time is None or e.clinical_time <= as_of or _open_at(e, as_of, covered)]
+    # Each memory's evidence time, from its ADDED event; an archival happens at its evidence's time.
+    times = {e.memory_id: evidence_time(e.memory, e.to_store is Store.HISTORY) for e in mine
+             if e.kind is TransitionKind.ADDED and e.memory is not None}
+
+    def when(e: TransitionEvent) -> datetime | None:
+        if e.kind is TransitionKind.ADDED:
+            return times.get(e.memory_id)
+        return times.get(e.evidence_id, e.clinical_time) if e.evidence_id else e.clinical_time
+
+    kept = []
+    for e in mine:
+        t = when(e)
+        if t is None or t <= as_of:
+            kept.append(e)
+        elif _open_at(e, as_of, covered, t):
+            kept.append(e.model_copy(update={"to_store": Store.ACTIVE, "reason": None, "successor_id": None}))
     present = {e.memory_id for e in kept if e.kind is TransitionKind.ADDED}
     out: list[TransitionEvent] = []
     for e in kept:
+        if e.kind is not TransitionKind.ADDED and e.memory_id not in present:
+            # An explicit reference (a POE Change or D/C) can end an order whose own start is clinically later
+            # than the order that ended it: at a T between the two, the order did not exist yet.
+            continue
         ends = e.kind is TransitionKind.ARCHIVED or (e.kind is TransitionKind.ADDED and e.to_store is Store.HISTORY)
         if ends and e.successor_id and e.successor_id not in present:
             if e.kind is TransitionKind.ARCHIVED:

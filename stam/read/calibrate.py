@@ -25,7 +25,7 @@ from typing import Any
 
 from schemas import Store
 from schemas.query import GateMode, QueryRequest
-from stam.read.gate import GateSample, history_cue
+from stam.read.gate import GateSample
 from stam.read.service import QueryService
 from stam.stores.base import StateStore
 
@@ -88,6 +88,9 @@ async def replay(service: QueryService, items: Sequence[dict[str, Any]], *, k_ac
     samples: list[GateSample] = []
     for n, item in enumerate(items):
         arms = {}
+        auto = service.packet(QueryRequest(request_id=f"calibrate-{n}-auto", patient_id=item["patient_id"],
+                                           question=item["question"], k_active=k_active, k_history=k_history,
+                                           answer=False))
         for mode in (GateMode.ACTIVE, GateMode.BOTH):
             req = QueryRequest(request_id=f"calibrate-{n}-{mode.value}", patient_id=item["patient_id"],
                                question=item["question"], k_active=k_active, k_history=k_history, gate=mode,
@@ -106,6 +109,7 @@ async def replay(service: QueryService, items: Sequence[dict[str, Any]], *, k_ac
             agree = _recall(a.packet, item["evidence"]) >= _recall(b.packet, item["evidence"])
         g = b.packet.gate
         margin = None if g.s_history is None else g.s_history - (g.s_active if g.s_active is not None else -1.0)
-        samples.append(GateSample(margin=margin, cue=history_cue(item["question"]) is not None, agree=agree,
+        # A question whose wording asks for history is always served HISTORY (the threshold never decides it).
+        samples.append(GateSample(margin=margin, cue=auto.gate.cue is not None, agree=agree,
                                   tokens_active=a.packet.tokens, tokens_both=b.packet.tokens))
     return samples

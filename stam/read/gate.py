@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.query import GateDecision, GateMode
+from stam.read.intent import Intent
 
 HISTORY_CUES = (
     r"chang\w*", r"first", r"earliest", r"initial(?:ly)?", r"previous(?:ly)?", r"prior", r"before", r"history",
@@ -41,13 +42,18 @@ _CUE = re.compile(r"\b(" + "|".join(HISTORY_CUES) + r")\b", re.IGNORECASE)
 # A question that names a date or a year asks about a point in time, which may be past.
 _DATE = re.compile(r"\b(?:1[89]|2[0-2])\d\d(?:-\d\d(?:-\d\d)?)?\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b")
 DEFAULT_THRESHOLD = 0.0
+TIE_EPSILON = 0.005
+"""Margins within this of the threshold are ties, and a tie is not "HISTORY matches better": every value of a
+coded concept shares one vector, so their margins differ by float noise only."""
 
 
-def history_cue(question: str) -> str | None:
+def history_cue(question: str, *, dates: bool = True) -> str | None:
+    """The first history cue word of the question; with ``dates``, a date counts as one (the read path reads a
+    date as the time to view the state at instead, see :mod:`stam.read.intent`)."""
     m = _CUE.search(question)
     if m:
         return m.group(1).lower()
-    d = _DATE.search(question)
+    d = _DATE.search(question) if dates else None
     return f"date {d.group(0)}" if d else None
 
 
@@ -55,7 +61,8 @@ def history_cue(question: str) -> str | None:
 class StoreGate:
     threshold: float = DEFAULT_THRESHOLD
 
-    def decide(self, question: str, mode: GateMode, s_active: float | None, s_history: float | None) -> GateDecision:
+    def decide(self, question: str, mode: GateMode, s_active: float | None, s_history: float | None,
+               intent: Intent | None = None) -> GateDecision:
         common: dict[str, Any] = {"mode": mode, "s_active": s_active, "s_history": s_history,
                                   "threshold": self.threshold}
         if mode is GateMode.ACTIVE:
@@ -64,15 +71,20 @@ class StoreGate:
             return GateDecision(serve_history=True, reason="mode both: HISTORY always served", **common)
         if s_history is None:
             return GateDecision(serve_history=False, reason="HISTORY holds nothing for this patient", **common)
-        cue = history_cue(question)
-        if cue:
-            return GateDecision(serve_history=True, reason=f"history cue {cue!r} in the question", cue=cue, **common)
+        if intent is not None and intent.needs_history:
+            cue = intent.cue or intent.time_text or intent.kind
+            return GateDecision(serve_history=True, reason=f"the question asks for {intent.kind} ({cue!r})",
+                                cue=cue, **common)
+        word = history_cue(question, dates=intent is None)
+        if word:
+            return GateDecision(serve_history=True, reason=f"history cue {word!r} in the question", cue=word,
+                                **common)
         margin = s_history - (s_active if s_active is not None else -1.0)
-        if margin > self.threshold:
+        if margin > self.threshold + TIE_EPSILON:
             return GateDecision(serve_history=True, reason=f"HISTORY matches better (margin {margin:.3f} > "
-                                f"{self.threshold:.3f})", **common)
+                                f"{self.threshold:.3f} + {TIE_EPSILON})", **common)
         return GateDecision(serve_history=False, reason=f"ACTIVE suffices (margin {margin:.3f} <= "
-                            f"{self.threshold:.3f})", **common)
+                            f"{self.threshold:.3f} + {TIE_EPSILON})", **common)
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-SYSTEM = ("You answer questions about one patient using only the evidence given. Facts under 'Current' hold "
-          "now; facts under 'Historical' held before and say what replaced them. Answer briefly; if the "
-          "evidence does not answer the question, say so.")
+SYSTEM = ("You answer questions about one patient using only the evidence given: the patient's record with the "
+          "time of each fact. A fact marked [current] holds at the time of the record; earlier values and ended "
+          "orders held before. A line starting 'Computed from the record' is computed exactly from the record. "
+          "Answer briefly; if the evidence does not answer the question, say so.")
 
 
 class Reader(Protocol):

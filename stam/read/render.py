@@ -1,8 +1,19 @@
-"""Rendering an evidence packet for a reader, with or without Current/Historical labels.
+"""Rendering an evidence packet for a reader: one compact block per concept thread, newest first.
 
-Labelled (the method's default): ACTIVE items under "Current", HISTORY items under "Historical", each
-historical item with why and when it stopped holding and what replaced it. Neutral (``labels=false``): one
-list in rank order with no store words, for the rendering controls of the paper's appendix E.
+A measured value's thread is one line, the current value first with its time, then the earlier ones::
+
+    - Bicarbonate (Blood): 26 mEq/L at 2149-02-14 04:46 [current]; earlier: 24 mEq/L at 2149-02-13 05:10;
+      20 mEq/L at 2149-02-12 06:00 (first)
+
+Orders, problems and other facts are one line per source resource (an order's versions together), with start,
+end, status and what replaced them, said once::
+
+    - Ciprofloxacin 500 mg PO Q12H: started 2148-01-23 08:00; ended 2148-01-25 14:00 (superseded), changed into
+      Levofloxacin 750 mg PO Q24H
+
+Computed facts (``stam.read.select``) come first, marked as computed. ``labels=false`` is the neutral rendering
+of the method's appendix (no store words: no ``[current]``, no reasons); times and order stay. ``spans=true``
+adds the source text around each memory that has one.
 """
 
 from __future__ import annotations
@@ -11,53 +22,152 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from schemas import Store
-from schemas.query import EvidenceItem, QueryRequest
+from schemas.query import ComputedFact, EvidenceItem, QueryRequest
 from stam.read.tokens import Tokenizer
 
+_TAGS = frozenset({"first", "previous", "highest", "lowest"})
+_MIDNIGHT = (0, 0)
 
-def _d(t: datetime | None) -> str:
-    return t.date().isoformat() if t else "?"
+
+def when(t: datetime | None) -> str:
+    if t is None:
+        return "unknown time"
+    return t.strftime("%Y-%m-%d") if (t.hour, t.minute) == _MIDNIGHT and t.second == 0 else t.strftime(
+        "%Y-%m-%d %H:%M")
 
 
-def render_item(item: EvidenceItem, *, labels: bool) -> str:
-    line = f"- [{_d(item.effective_start)}] {item.text}"
-    if labels and item.store is Store.HISTORY:
-        why = item.reason.value if item.reason else "archived"
-        line += f" (no longer current: {why}"
-        if item.successor_text:
-            line += f"; replaced by: {item.successor_text}"
-        line += ")"
-    if item.span_text:
-        line += "\n  source: " + " ".join(item.span_text.split())
+def _value_line(items: Sequence[EvidenceItem], labels: bool) -> str:
+    """One measured concept: current value first, then earlier values newest first."""
+    head, rest = items[0], items[1:]
+    name = head.concept or head.text
+
+    def one(i: EvidenceItem, first: bool) -> str:
+        s = f"{i.value} at {when(i.effective_start)}"
+        if labels and first and i.store is Store.ACTIVE:
+            s += " [current]"
+        elif labels and first:
+            s += " [last recorded]"
+        if i.role in _TAGS:
+            s += f" ({i.role})"
+        return s
+
+    line = f"- {name}: {one(head, True)}"
+    if rest:
+        line += "; earlier: " + "; ".join(one(i, False) for i in rest)
     return line
 
 
-def render_packet(req: QueryRequest, items: Sequence[EvidenceItem], tokenizer: Tokenizer, *,
-                  as_of: datetime | None, as_of_version: int | None) -> tuple[str, list[EvidenceItem], int]:
-    """The rendered text, the items kept (by rank within ``token_budget``) and how many were dropped."""
-    when = (f" as of {as_of.isoformat()}" if as_of else f" as of state version {as_of_version}"
-            if as_of_version is not None else "")
-    header = f"Patient record evidence{when}:"
-    used = tokenizer.count(header)
-    kept: list[EvidenceItem] = []
-    for item in sorted(items, key=lambda i: i.rank):
-        if req.token_budget is not None and used + item.tokens + 2 > req.token_budget:
-            continue  # a lower-ranked, shorter item may still fit
-        kept.append(item)
-        used += item.tokens + 2  # the section header/newline share, counted conservatively
-    dropped = len(items) - len(kept)
-    lines = [header]
-    if req.labels:
-        current = [i for i in kept if i.store is Store.ACTIVE]
-        past = [i for i in kept if i.store is Store.HISTORY]
-        if current:
-            lines.append("Current:")
-            lines.extend(render_item(i, labels=True) for i in current)
-        if past:
-            lines.append("Historical:")
-            lines.extend(render_item(i, labels=True) for i in past)
+def _name(i: EvidenceItem) -> str:
+    name = i.concept or i.text
+    return f"{name} {i.dosage}" if i.dosage and i.dosage not in name else name
+
+
+_ORDERS = frozenset({"medication", "order", "careplan"})
+
+
+def _resource_line(items: Sequence[EvidenceItem], labels: bool, shown: set[str]) -> str:
+    """One source resource (an order and its versions, a problem, an encounter): start, end, status, and what
+    replaced it when that is another order not shown beside it."""
+    newest = items[0]
+    active = [i for i in items if i.store is Store.ACTIVE]
+    if newest.category.value in ("note", "other") or not newest.concept:
+        line = f"- [{when(newest.effective_start)}] {newest.text}"
     else:
-        lines.extend(render_item(i, labels=False) for i in kept)
-    if not kept:
+        dosed = next((i for i in items if i.dosage), newest)
+        start = (active[0] if active else items[-1]).effective_start
+        verb = "started" if newest.category.value in _ORDERS else "from"
+        line = f"- {_name(dosed)}: {verb} {when(start)}"
+        ends = [i.effective_end for i in active if i.effective_end]
+        if ends:
+            line += f" to {when(max(ends))}"
+    if active:
+        return line + (" [current]" if labels else "")
+    last = max(items, key=_end_key)
+    ended = last.ended_at or last.effective_end
+    line += f"; ended {when(ended)}" if ended else "; ended"
+    if labels and last.reason is not None:
+        line += f" ({last.reason.value})"
+    if (last.successor_text and last.successor_id not in shown and last.reason is not None
+            and last.reason.value == "superseded" and newest.category.value in _ORDERS):
+        line += f", changed into {last.successor_text}"
+    return line
+
+
+def _end_key(i: EvidenceItem) -> float:
+    t = i.ended_at or i.effective_end or i.effective_start
+    return t.timestamp() if t else float("-inf")
+
+
+def render_block(items: Sequence[EvidenceItem], *, labels: bool) -> str:
+    """The lines of one thread's items (newest first)."""
+    if not items:
+        return ""
+    if all(i.value is not None and i.category.value == "observation" for i in items):
+        lines = [_value_line(items, labels)]
+    else:
+        groups: dict[str, list[EvidenceItem]] = {}
+        for i in items:
+            key = i.source_ref if i.source_ref and i.concept else i.memory_id
+            groups.setdefault(key, []).append(i)
+        # An order's end that is its own entry (a POE discontinuation) is said on the order's line.
+        ends = {i.successor_id for i in items if i.successor_id and i.reason is not None
+                and i.reason.value in ("stopped", "cancelled")}
+        shown = {i.memory_id for i in items}
+        lines = [_resource_line(g, labels, shown) for g in groups.values()
+                 if not all(i.memory_id in ends and i.store is Store.HISTORY for i in g)]
+    spans = [f"  source: {' '.join(i.span_text.split())}" for i in items if i.span_text]
+    return "\n".join(lines + spans)
+
+
+def header(as_of: datetime | None, as_of_version: int | None, at: datetime | None) -> str:
+    if as_of_version is not None:
+        return f"Patient record as of state version {as_of_version}:"
+    if at is not None:
+        return f"Patient record as of {when(at)}:"
+    return "Patient record:"
+
+
+def render_packet(req: QueryRequest, blocks: Sequence[Sequence[EvidenceItem]], facts: Sequence[ComputedFact],
+                  tokenizer: Tokenizer, *, top: str) -> tuple[str, list[EvidenceItem], list[ComputedFact], int]:
+    """The rendered text, the items and facts kept within ``token_budget`` (blocks in rank order; a block that
+    does not fit whole is tried with only what the question needs), and how many items were dropped."""
+    budget = req.token_budget
+    lines = [top]
+    used = tokenizer.count(top)
+    kept_facts: list[ComputedFact] = []
+    for f in facts:
+        line = f"Computed from the record: {f.text}"
+        n = tokenizer.count(line) + 1
+        if budget is None or used + n <= budget:
+            lines.append(line)
+            kept_facts.append(f)
+            used += n
+    kept: list[EvidenceItem] = []
+    dropped = 0
+    for n_block, block in enumerate(blocks):
+        tries = [list(block)]
+        needed = [i for i in block if i.role != "earlier"]
+        if len(needed) < len(block) and needed:
+            tries.append(needed)
+        placed = False
+        for items in tries:
+            text = render_block(items, labels=req.labels)
+            cost = tokenizer.count(text) + 1
+            if budget is None or used + cost <= budget:
+                lines.append(text)
+                kept.extend(i.model_copy(update={"thread": n_block}) for i in items)
+                dropped += len(block) - len(items)
+                used += cost
+                placed = True
+                break
+        if not placed:
+            dropped += len(block)
+    if not kept and not kept_facts:
         lines.append("(no memory retrieved)")
-    return "\n".join(lines), kept, dropped
+    return "\n".join(lines), [i.model_copy(update={"rank": n}) for n, i in enumerate(kept, start=1)], kept_facts, \
+        dropped
+
+
+def render_item(item: EvidenceItem, *, labels: bool) -> str:
+    """One item alone (its token share)."""
+    return render_block([item], labels=labels)

@@ -1,201 +1,278 @@
 """The query service: one question about one patient -> an evidence packet (and an answer).
 
-Retrieval is store-aware (section 3.3 of the method): ACTIVE and HISTORY are ranked separately, each
-within its own budget (``k_active``, ``k_history``), or jointly when asked. Similarities are exact cosines
-between the question and every vector *of the requested patient*: the patient's vectors are the only ones
-the search can see (a per-patient projection loaded from Milvus by patient partition key, or a Milvus search
-filtered by patient), and every item is checked to belong to the patient before it is served.
+The read path serves what the write path knows (section 3.3 of the method, and the state it maintains):
 
-Live queries read the state from Redis. ``as_of`` / ``as_of_version`` queries replay the patient's
-transitions (the record) to the requested point and rank against that state (see :mod:`stam.read.asof`).
+1. **The patient's timeline** (:mod:`stam.read.timeline`): every memory of the patient with its clinical times,
+   its store, why it ended and what replaced it, read from the record store in one round trip and kept per
+   process while the patient's state version is unchanged; vectors of coded memories come from the shared
+   concept-embedding cache (every value of a concept shares its concept's vector), the others from the vector
+   store. Only the requested patient's records and vectors are read; every served item is checked to belong to
+   the patient (a breach raises).
+2. **What the question asks of time** (:mod:`stam.read.intent`): current, previous, first, highest/lowest,
+   count, change, history, orders started/stopped most recently, is X active, what X was changed into; and the
+   times it names, resolved against the patient's clinical clock.
+3. **The state at the question's time**: ``as_of`` (or a time the question names) is a view of the timeline at
+   that clinical time, the same rules as a replay of the transition log; ``as_of_version`` replays the log to a
+   position in the patient's stream. A ``visibility`` boundary leaves out evidence the query may not see.
+4. **The store gate** (:mod:`stam.read.gate`) decides whether HISTORY is served.
+5. **Threads, not memories** (:mod:`stam.read.select`): concept threads ranked by the question, each filled by
+   the intent; computed facts where the question names a concept.
+6. **Rendering** (:mod:`stam.read.render`): one compact block per thread, within ``token_budget``.
 
 :meth:`QueryService.answer` builds the packet (embedding, Redis and Milvus round trips: blocking calls) on a
 small thread pool of the service, so the caller's event loop keeps serving while a query works. A query that
-fails is answered, never raised: ``ok=false`` with an ``error_kind`` (see :func:`classify`).
+fails is answered, never raised: ``ok=false`` with an ``error_kind`` (see :mod:`stam.read.failures`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import errno
-import logging
-import socket
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
+from threading import Lock
 
-import grpc
 import numpy as np
-import redis
-from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
-from pymilvus.exceptions import ConnectError, MilvusException, MilvusUnavailableException
 
-from schemas import Store, TransitionEvent
-from schemas.query import ErrorKind, EvidenceItem, EvidencePacket, GateDecision, QueryAnswer, QueryRequest
+from schemas import Store, StoredMemory, TransitionEvent
+from schemas.query import (
+    ComputedFact,
+    EvidenceItem,
+    EvidencePacket,
+    GateDecision,
+    QueryAnswer,
+    QueryRequest,
+)
 from stam.embedding import Embedder
-from stam.errors import StamError
-from stam.read.asof import state_at_time, state_at_version
+from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
+from stam.read.asof import state_at_version
+from stam.read.failures import classify, failed_answer
 from stam.read.gate import StoreGate
+from stam.read.intent import parse
 from stam.read.reader import Reader
-from stam.read.render import render_item, render_packet
+from stam.read.render import header, render_block, render_packet
+from stam.read.select import Pick, ThreadIndex, select
+from stam.read.timeline import Timeline, View, from_epoch
 from stam.read.tokens import Tokenizer
-from stam.state import PatientState
 from stam.stores.base import StateStore, VectorStore
-from stam.stores.projection import VectorProjection
+
+__all__ = ["NO_READER", "IsolationBreach", "QueryError", "QueryService", "UnsupportedQuery", "classify",
+           "failed_answer"]
 
 NO_READER = "no reader model configured: evidence packet only (set STAM_READER_URL to get answers)"
 SPAN_CHARS = 240
-MILVUS_CONNECT_FAILED = 2  # pymilvus Status.CONNECT_FAILED; also the server's "service unavailable" code
-
-log = logging.getLogger("stam.query")
+DEFAULT_CACHE_MEMORIES = 500_000
 
 
-class QueryError(StamError):
-    """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""
+class TimelineCache:
+    """Per-patient timelines (with their vectors and thread index) of one process, least recently used out
+    first once they hold more than ``max_memories`` memories. A timeline is valid for one state version."""
 
+    def __init__(self, max_memories: int = DEFAULT_CACHE_MEMORIES) -> None:
+        self._items: OrderedDict[str, tuple[Timeline, ThreadIndex]] = OrderedDict()
+        self._max = max_memories
+        self._lock = Lock()
+        self.loads = 0
+        self.hits = 0
 
-class UnsupportedQuery(QueryError):
-    """A query this service cannot answer as asked (as_of where no transition log is configured)."""
+    def get(self, patient_id: str, version: int) -> tuple[Timeline, ThreadIndex] | None:
+        with self._lock:
+            got = self._items.get(patient_id)
+            if got is None or got[0].version != version:
+                return None
+            self._items.move_to_end(patient_id)
+            self.hits += 1
+            return got
 
+    def put(self, tl: Timeline, idx: ThreadIndex) -> None:
+        with self._lock:
+            self._items[tl.patient_id] = (tl, idx)
+            self._items.move_to_end(tl.patient_id)
+            self.loads += 1
+            total = sum(len(t) for t, _ in self._items.values())
+            while total > self._max and len(self._items) > 1:
+                _, (dropped, _) = self._items.popitem(last=False)
+                total -= len(dropped)
 
-class IsolationBreach(StamError):
-    """A retrieved memory belongs to another patient. Never served; raised loudly."""
+    def forget(self, patient_id: str) -> None:
+        with self._lock:
+            self._items.pop(patient_id, None)
 
-
-@dataclass
-class _Scored:
-    memory_id: str
-    store: Store
-    score: float
+    def memories(self) -> int:
+        with self._lock:
+            return sum(len(t) for t, _ in self._items.values())
 
 
 class QueryService:
     def __init__(self, *, states: StateStore, vectors: VectorStore, embedder: Embedder, tokenizer: Tokenizer,
-                 gate: StoreGate, projection: VectorProjection | None = None, reader: Reader | None = None,
+                 gate: StoreGate, reader: Reader | None = None,
                  transitions: Callable[[str], Awaitable[list[TransitionEvent]]] | None = None,
-                 threads: int = 2) -> None:
+                 cache: TimelineCache | None = None, threads: int = 2) -> None:
         """``threads``: packets built at once, off the caller's event loop (a bounded pool of this service)."""
         self.states = states
         self.vectors = vectors
         self.embedder = embedder
         self.tokenizer = tokenizer
         self.gate = gate
-        self.projection = projection
         self.reader = reader
         self.transitions = transitions
+        self.cache = cache or TimelineCache()
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="stam-query")
 
     def close(self) -> None:
         """Stop the service's threads (after the packets being built are done)."""
         self._pool.shutdown(wait=True)
 
-    # --- retrieval -------------------------------------------------------------------------------------
+    # --- the patient's timeline ------------------------------------------------------------------------
 
-    def _scores(self, patient_id: str, version: int, qv: np.ndarray, state: PatientState,
-                limit: int) -> dict[Store, list[_Scored]]:
-        """Per store, the patient's memories by descending cosine (at most ``limit`` each)."""
-        out: dict[Store, list[_Scored]] = {Store.ACTIVE: [], Store.HISTORY: []}
-        if self.projection is not None:
-            ids, scores = self.projection.scores(patient_id, version, qv)
-            order = np.argsort(-scores, kind="stable")
-            for i in order:
-                s = state.get(ids[i])
-                if s is None:
-                    continue  # a vector whose memory is not in this (past or newer) state
-                bucket = out[s.store]
-                if len(bucket) < limit:
-                    bucket.append(_Scored(ids[i], s.store, float(scores[i])))
-                if all(len(b) >= limit for b in out.values()):
-                    break
-            return out
-        for store in (Store.ACTIVE, Store.HISTORY):  # a Milvus search filtered by patient and store
-            for hit in self.vectors.search(patient_id, store, qv.reshape(1, -1), limit)[0]:
-                s = state.get(hit.memory_id)
-                if s is not None and s.store is store:
-                    out[store].append(_Scored(hit.memory_id, store, hit.score))
-        return out
+    def timeline(self, patient_id: str) -> tuple[Timeline, ThreadIndex]:
+        """The live timeline (cached while the patient's state version is unchanged)."""
+        version = self.states.version(patient_id)
+        got = self.cache.get(patient_id, version)
+        if got is not None:
+            return got
+        version, raw = self.states.records(patient_id)
+        tl = Timeline.from_records(patient_id, version, raw)
+        self._attach_vectors(tl)
+        idx = ThreadIndex.build(tl)
+        self.cache.put(tl, idx)
+        return tl, idx
 
-    def _live_ranked(self, patient_id: str, version: int, qv: np.ndarray, limit: int) -> dict[Store, list[_Scored]]:
-        """Live state: rank with the store flags the vectors carry (the projection's, or Milvus's field)."""
-        if self.projection is not None:
-            found = self.projection.top_by_store(patient_id, version, qv, limit)
-        else:  # a Milvus search filtered by patient and store
-            found = {store: self.vectors.search(patient_id, store, qv.reshape(1, -1), limit)[0]
-                     for store in (Store.ACTIVE, Store.HISTORY)}
-        return {store: [_Scored(h.memory_id, store, h.score) for h in hits] for store, hits in found.items()}
+    def _attach_vectors(self, tl: Timeline) -> None:
+        keys = list(dict.fromkeys(tl.embed_keys))
+        concept = [k for k in keys if k.startswith("c:")]
+        own = [k for k in keys if k.startswith("m:")]
+        rows: dict[str, np.ndarray] = {}
+        if concept:
+            # The concept texts' vectors: the shared concept cache the write path filled (or the model).
+            for k, v in zip(concept, self.embedder.embed_concepts([k[2:] for k in concept]), strict=True):
+                rows[k] = v
+        if own:
+            found = self.vectors.fetch_ids(tl.patient_id, [k[2:] for k in own])
+            missing = [k for k in own if k[2:] not in found]
+            for k in own:
+                if k[2:] in found:
+                    rows[k] = found[k[2:]]
+            if missing:  # a vector not yet in the vector store (a write in flight): the same model embeds it
+                texts = self._texts(tl.patient_id, [k[2:] for k in missing])
+                for k, v in zip(missing, self.embedder.embed([texts[k[2:]] for k in missing]), strict=True):
+                    rows[k] = v
+        dim = self.embedder.dim
+        tl.attach_vectors(keys, np.vstack([rows[k] for k in keys]) if keys else np.zeros((0, dim), np.float32))
+
+    def _texts(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, str]:
+        recs = self.states.memories(patient_id, memory_ids)
+        return {m: (r.memory.embed_text or r.memory.text) for m, r in recs.items()}
+
+    def _past_version(self, req: QueryRequest, events: Sequence[TransitionEvent]) -> tuple[Timeline, ThreadIndex]:
+        assert req.as_of_version is not None
+        state = state_at_version(req.patient_id, events, req.as_of_version)
+        tl = Timeline.from_stored(req.patient_id, state.version, state.memories.values())
+        self._attach_vectors(tl)
+        return tl, ThreadIndex.build(tl)
+
+    # --- the packet -------------------------------------------------------------------------------------
 
     def packet(self, req: QueryRequest, events: Sequence[TransitionEvent] | None = None) -> EvidencePacket:
-        past = req.as_of is not None or req.as_of_version is not None
-        version = self.states.version(req.patient_id)
-        state: PatientState | None = None
-        if past:
+        if req.as_of_version is not None:
             if events is None:
-                raise QueryError("as_of needs the transition log; none is configured for this service")
-            state = (state_at_version(req.patient_id, events, req.as_of_version) if req.as_of_version is not None
-                     else state_at_time(req.patient_id, events, req.as_of))  # type: ignore[arg-type]
-            if not state.memories:
-                raise QueryError(f"no memory for patient {req.patient_id!r} at that point")
-        elif version == 0:
-            raise QueryError(f"no memory for patient {req.patient_id!r}")
-        qv = self.embedder.embed([req.question])[0]
-        budget = max(req.k_active, req.k_history, req.k_active + req.k_history if req.ranking == "joint" else 0)
-        ranked = (self._scores(req.patient_id, version, qv, state, budget) if state is not None
-                  else self._live_ranked(req.patient_id, version, qv, budget))
-        s_a = ranked[Store.ACTIVE][0].score if ranked[Store.ACTIVE] else None
-        s_h = ranked[Store.HISTORY][0].score if ranked[Store.HISTORY] else None
-        decision: GateDecision = self.gate.decide(req.question, req.gate, s_a, s_h)
-        if req.ranking == "joint":
-            pool = ranked[Store.ACTIVE] + (ranked[Store.HISTORY] if decision.serve_history else [])
-            chosen = sorted(pool, key=lambda x: -x.score)[: req.k_active + req.k_history]
+                raise UnsupportedQuery("as_of_version needs the transition log; none is configured for this service")
+            tl, idx = self._past_version(req, events)
         else:
-            chosen = ranked[Store.ACTIVE][: req.k_active] + (
-                ranked[Store.HISTORY][: req.k_history] if decision.serve_history else [])
-        items = self._items(chosen, state, req)
-        rendered, kept, dropped = render_packet(req, items, self.tokenizer, as_of=req.as_of,
-                                                as_of_version=req.as_of_version)
-        return EvidencePacket(patient_id=req.patient_id, question=req.question,
-                              state_version=state.version if state is not None else version,
-                              as_of=req.as_of, as_of_version=req.as_of_version, gate=decision, items=tuple(kept),
-                              dropped=dropped, rendered=rendered, tokens=self.tokenizer.count(rendered),
+            tl, idx = self.timeline(req.patient_id)
+        if len(tl) == 0:
+            raise QueryError(f"no memory for patient {req.patient_id!r}")
+        clock = req.as_of or tl.latest_time()
+        intent = parse(req.question, clock)
+        at = req.as_of
+        if intent.at is not None and (at is None or intent.at < at):
+            at = intent.at
+        view = tl.view(at, req.visibility)
+        top = header(req.as_of, req.as_of_version, at)
+        if not view.present.any():  # nothing recorded yet at that time (or nothing visible): an empty packet
+            return self._empty(req, tl, at, intent.describe(), top)
+        qv = self.embedder.embed([req.question])[0]
+        scores = tl.scores(qv)
+        active = view.present & ~view.history
+        hist = view.present & view.history
+        s_a = float(scores[active].max()) if active.any() else None
+        s_h = float(scores[hist].max()) if hist.any() else None
+        decision: GateDecision = self.gate.decide(req.question, req.gate, s_a, s_h, intent)
+        sel = select(tl, idx, view, scores, req.question, intent, serve_history=decision.serve_history,
+                     k_threads=req.k_active, k_history=req.k_history, joint=req.ranking == "joint")
+        blocks = self._blocks(tl, view, sel.picks, scores, req)
+        facts = [ComputedFact(kind=f.kind, text=f.text, memory_ids=f.memory_ids) for f in sel.facts] if req.facts \
+            else []
+        rendered, kept, kept_facts, dropped = render_packet(req, blocks, facts, self.tokenizer, top=top)
+        return EvidencePacket(patient_id=req.patient_id, question=req.question, state_version=tl.version,
+                              as_of=req.as_of, as_of_version=req.as_of_version, at=at, intent=intent.describe(),
+                              gate=decision, facts=tuple(kept_facts), items=tuple(kept), dropped=dropped,
+                              rendered=rendered, tokens=self.tokenizer.count(rendered), tokenizer=self.tokenizer.name,
+                              token_budget=req.token_budget)
+
+    def _empty(self, req: QueryRequest, tl: Timeline, at: datetime | None, intent: str, top: str) -> EvidencePacket:
+        rendered = f"{top}\n(nothing recorded {'by then' if at is not None else 'that this query may see'})"
+        decision = self.gate.decide(req.question, req.gate, None, None)
+        return EvidencePacket(patient_id=req.patient_id, question=req.question, state_version=tl.version,
+                              as_of=req.as_of, as_of_version=req.as_of_version, at=at, intent=intent, gate=decision,
+                              items=(), rendered=rendered, tokens=self.tokenizer.count(rendered),
                               tokenizer=self.tokenizer.name, token_budget=req.token_budget)
 
-    def _items(self, chosen: Sequence[_Scored], state: PatientState | None, req: QueryRequest) -> list[EvidenceItem]:
-        """Evidence items of the chosen memories: records from the past state, or fetched from the store
-        (only the chosen memories and their successors are read)."""
-        if state is not None:
-            records = {c.memory_id: s for c in chosen if (s := state.get(c.memory_id)) is not None}
-            succ_ids = [r.successor_id for r in records.values() if r.successor_id]
-            successors = {i: s for i in succ_ids if (s := state.get(i)) is not None}
-        else:
-            records = self.states.memories(req.patient_id, [c.memory_id for c in chosen])
-            succ_ids = [r.successor_id for r in records.values() if r.successor_id and r.successor_id not in records]
-            successors = {**records, **self.states.memories(req.patient_id, succ_ids)}
-        items: list[EvidenceItem] = []
-        for c in chosen:
-            s = records.get(c.memory_id)
-            if s is None:
-                continue  # the vector moved ahead of the record (a write in flight); served next time
-            m = s.memory
-            if m.patient_id != req.patient_id:
-                raise IsolationBreach(f"memory {m.memory_id} of another patient reached a query; not served")
-            succ = successors.get(s.successor_id) if s.successor_id else None
-            span = None
-            if req.spans:
-                text = self.states.source_text(req.patient_id, m.entry_id)
-                if text:
-                    a, b = (m.span.start, m.span.end) if m.span else (0, len(text))
-                    lo, hi = max(0, a - SPAN_CHARS), min(len(text), b + SPAN_CHARS)
-                    span = ("..." if lo else "") + text[lo:hi].strip() + ("..." if hi < len(text) else "")
-            items.append(EvidenceItem(
-                rank=len(items) + 1, memory_id=m.memory_id, store=s.store, score=round(c.score, 6),
-                category=m.category, text=m.text, status=m.status, effective_start=m.effective_start,
-                effective_end=m.effective_end, recorded_at=m.recorded_at, reason=s.reason, archived_at=s.archived_at,
-                successor_id=s.successor_id, successor_text=succ.memory.text if succ else None,
-                source_entry_id=m.entry_id, source_ref=m.source_ref, span_text=span, tokens=0))
-        counts = self.tokenizer.count_many([render_item(i, labels=req.labels) for i in items])
-        return [i.model_copy(update={"tokens": n}) for i, n in zip(items, counts, strict=True)]
+    def _blocks(self, tl: Timeline, view: View, picks: Sequence[Pick], scores: np.ndarray,
+                req: QueryRequest) -> list[list[EvidenceItem]]:
+        """Evidence items per thread (newest first), from the records of the served memories and their
+        successors (only those are read)."""
+        ids = [tl.ids[i] for p in picks for i in p.members]
+        succ = [tl.ids[int(tl.succ[i])] for p in picks for i in p.members if view.history[i] and tl.succ[i] >= 0]
+        records = self.states.memories(req.patient_id, list(dict.fromkeys(ids + succ)))
+        blocks: list[list[EvidenceItem]] = []
+        for p in picks:
+            items: list[EvidenceItem] = []
+            for i in p.members:
+                s = records.get(tl.ids[i])
+                if s is None:
+                    continue  # the record moved on since the timeline was read; served next time
+                items.append(self._item(tl, view, i, s, p, scores, records, req))
+            if items:
+                blocks.append(items)
+        counts = self.tokenizer.count_many([render_block([i], labels=req.labels) for b in blocks for i in b])
+        it = iter(counts)
+        return [[i.model_copy(update={"tokens": next(it)}) for i in b] for b in blocks]
+
+    def _item(self, tl: Timeline, view: View, i: int, s: StoredMemory, pick: Pick, scores: np.ndarray,
+              records: dict[str, StoredMemory], req: QueryRequest) -> EvidenceItem:
+        m = s.memory
+        if m.patient_id != req.patient_id:
+            raise IsolationBreach(f"memory {m.memory_id} of another patient reached a query; not served")
+        in_history = bool(view.history[i])
+        succ_rec = None
+        if in_history and tl.succ[i] >= 0:
+            succ_rec = records.get(tl.ids[int(tl.succ[i])])
+        span = None
+        if req.spans:
+            text = self.states.source_text(req.patient_id, m.entry_id)
+            if text:
+                a, b = (m.span.start, m.span.end) if m.span else (0, len(text))
+                lo, hi = max(0, a - SPAN_CHARS), min(len(text), b + SPAN_CHARS)
+                span = ("..." if lo else "") + text[lo:hi].strip() + ("..." if hi < len(text) else "")
+        value = None
+        if m.value is not None:
+            value = f"{m.value:g} {m.unit}".strip() if m.unit else f"{m.value:g}"
+        elif m.value_text and m.category.value == "observation":
+            value = f"{m.value_text} {m.unit}".strip() if m.unit else m.value_text
+        ended = from_epoch(float(tl.t_ended[i])) if in_history and np.isfinite(tl.t_ended[i]) else None
+        return EvidenceItem(
+            rank=1, memory_id=m.memory_id, store=Store.HISTORY if in_history else Store.ACTIVE,
+            score=round(float(scores[i]), 6), category=m.category, text=m.text, status=m.status,
+            effective_start=m.effective_start, effective_end=m.effective_end, recorded_at=m.recorded_at,
+            reason=s.reason if in_history else None, archived_at=s.archived_at if in_history else None,
+            successor_id=s.successor_id if in_history else None,
+            successor_text=_short(succ_rec) if succ_rec is not None else None,
+            source_entry_id=m.entry_id, source_ref=m.source_ref, span_text=span, tokens=0,
+            role=pick.roles.get(i), concept=m.concept.display if m.concept else None, value=value,
+            dosage=m.dosage, ended_at=ended)
 
     # --- answering -------------------------------------------------------------------------------------
 
@@ -204,9 +281,10 @@ class QueryService:
         started = time.perf_counter()
         try:
             events = None
-            if req.as_of is not None or req.as_of_version is not None:
+            if req.as_of_version is not None:
                 if self.transitions is None:
-                    raise UnsupportedQuery("as_of needs the transition log; none is configured for this service")
+                    raise UnsupportedQuery("as_of_version needs the transition log; none is configured for this "
+                                           "service")
                 events = await self.transitions(req.patient_id)
             packet = await asyncio.get_running_loop().run_in_executor(self._pool, self.packet, req, events)
         except Exception as exc:
@@ -226,80 +304,12 @@ class QueryService:
                            latency_ms=_ms(started))
 
 
+def _short(s: StoredMemory) -> str:
+    m = s.memory
+    if m.concept is not None and m.concept.display:
+        return f"{m.concept.display} {m.dosage}" if m.dosage else m.concept.display
+    return m.text
+
+
 def _ms(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
-
-
-# --- failures ----------------------------------------------------------------------------------------
-
-_OUTAGE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE, errno.ETIMEDOUT,
-                            errno.EHOSTUNREACH, errno.EHOSTDOWN, errno.ENETUNREACH, errno.ENETDOWN})
-_GRPC_OUTAGE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
-
-
-def _client_of(exc: BaseException) -> str | None:
-    if isinstance(exc, redis.exceptions.RedisError):
-        return "Redis"
-    if isinstance(exc, MilvusException | grpc.RpcError):  # Milvus is the query path's only gRPC service
-        return "Milvus"
-    if isinstance(exc, KafkaError):
-        return "Kafka"
-    return None
-
-
-def _is_outage(exc: BaseException) -> bool:
-    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        # A refused login is a misconfiguration, not an outage.
-        return not isinstance(exc, redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError)
-    if isinstance(exc, MilvusException):
-        # Client side: connecting failed (code 2), or the retries ran out on an UNAVAILABLE/DEADLINE_EXCEEDED
-        # gRPC status (then the status is the code); server side: code 2 is "service unavailable".
-        return (isinstance(exc, ConnectError | MilvusUnavailableException) or exc.code == MILVUS_CONNECT_FAILED
-                or exc.code in _GRPC_OUTAGE)
-    if isinstance(exc, grpc.RpcError):  # statuses pymilvus does not retry are raised bare
-        return callable(getattr(exc, "code", None)) and exc.code() in _GRPC_OUTAGE
-    if isinstance(exc, KafkaError):
-        return isinstance(exc, KafkaConnectionError | KafkaTimeoutError) or bool(exc.retriable)
-    return isinstance(exc, ConnectionError | TimeoutError | socket.gaierror) or (
-        isinstance(exc, OSError) and exc.errno in _OUTAGE_ERRNOS)
-
-
-def unavailable_store(exc: BaseException) -> str | None:
-    """The store or service whose outage ``exc`` is ("Redis", "Milvus", "Kafka"; "Store" for a bare network
-    error), or None when ``exc`` is not an outage. Causes are followed, as clients wrap what they caught."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            break
-        if _is_outage(seen):
-            return _client_of(exc) or _client_of(seen) or "Store"
-        seen = seen.__cause__
-    return None
-
-
-def classify(exc: BaseException) -> tuple[ErrorKind, str]:
-    """``(error_kind, message)`` of a failed query. The message is one line and carries no traceback; an
-    ``internal`` error's message does not carry the exception's text either (it is logged)."""
-    if isinstance(exc, UnsupportedQuery):
-        return "invalid", str(exc)
-    if isinstance(exc, QueryError):
-        return "not_found", str(exc)
-    store = unavailable_store(exc)
-    if store is not None:
-        detail = exc.message if isinstance(exc, MilvusException) else str(exc)
-        detail = " ".join(detail.split()) or type(exc).__name__
-        return "unavailable", f"{store} unavailable: {detail}"[:500]
-    return "internal", f"internal error ({type(exc).__name__})"
-
-
-def failed_answer(req: QueryRequest, exc: BaseException, started: float) -> QueryAnswer:
-    """The answer to a query that failed with ``exc``: classified and, when the service is at fault, logged
-    with the request id (never the patient id)."""
-    kind, message = classify(exc)
-    if kind == "unavailable":
-        log.warning("query %s not answered: %s", req.request_id, message)
-    elif kind == "internal":
-        log.error("query %s failed: %s", req.request_id, message, exc_info=exc)
-        message += f"; logged with request_id {req.request_id}"
-    return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=False, error=message,
-                       error_kind=kind, answered_at=datetime.now(UTC), latency_ms=_ms(started))

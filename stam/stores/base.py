@@ -46,6 +46,12 @@ class VectorStore(ABC):
     def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
         """Every vector of one patient in one store."""
 
+    def fetch_ids(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The vectors of some memories of one patient (missing ones are left out)."""
+        wanted = set(memory_ids)
+        return {r.memory_id: r.vector for store in (Store.ACTIVE, Store.HISTORY) for r in self.fetch(patient_id, store)
+                if r.memory_id in wanted}
+
     @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...
 
@@ -107,6 +113,11 @@ class StateStore(ABC):
         """Stored records of some memories of one patient (the read path fetches only what it serves)."""
         state = self.load(patient_id)
         return {m: s for m in memory_ids if (s := state.get(m)) is not None}
+
+    def records(self, patient_id: str) -> tuple[int, list[bytes]]:
+        """The patient's version and every memory record as JSON, read together (the read path's timeline)."""
+        state = self.load(patient_id)
+        return state.version, [s.model_dump_json().encode() for s in state.memories.values()]
 
     def source_text(self, patient_id: str, entry_id: str) -> str | None:
         """The text of an applied entry (kept for entries that carry text); None when not kept."""

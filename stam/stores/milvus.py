@@ -86,6 +86,16 @@ class MilvusVectorStore(VectorStore):
             it.close()
         return rows
 
+    def fetch_ids(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        ids = list(dict.fromkeys(memory_ids))
+        for lo in range(0, len(ids), 1000):
+            chunk = ids[lo: lo + 1000]
+            res = self._client.query(self._name, filter=f"{_patient_filter(patient_id)} and memory_id in "
+                                     f"{json.dumps(chunk)}", output_fields=["memory_id", "vector"])
+            out.update((str(r["memory_id"]), np.asarray(r["vector"], dtype=np.float32)) for r in res)
+        return out
+
     def count(self, patient_id: str, store: Store) -> int:
         res = self._client.query(self._name, filter=_scope(patient_id, store),
                                  output_fields=["count(*)"])

@@ -146,6 +146,13 @@ class RedisStateStore(StateStore):
         raw = self._r.hmget(self._key(patient_id, "mem"), list(memory_ids))
         return {m: StoredMemory.model_validate_json(r) for m, r in zip(memory_ids, raw, strict=True) if r is not None}
 
+    def records(self, patient_id: str) -> tuple[int, list[bytes]]:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.get(self._key(patient_id, "ver"))
+        pipe.hvals(self._key(patient_id, "mem"))
+        ver, mems = pipe.execute()
+        return int(ver or 0), [m if isinstance(m, bytes) else m.encode() for m in mems]
+
     def source_text(self, patient_id: str, entry_id: str) -> str | None:
         raw = self._r.hget(self._key(patient_id, "src"), entry_id)
         return raw.decode() if isinstance(raw, bytes) else raw

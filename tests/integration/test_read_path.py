@@ -1,5 +1,5 @@
-"""The read path on real data and real stores: store-aware retrieval, the gate, packets, point in time,
-and isolation between patients.
+"""The read path on real data and real stores: concept threads, intents, the gate, packets, point in time,
+visibility, and isolation between patients.
 
 Patient 12981771-... (Synthea bundle 7bf5504f-...): Body Height (LOINC 8302-2) was measured 11 times;
 the last, 87.8171 cm on 1941-03-15, is ACTIVE, the ten before it are in HISTORY (superseded, each linked
@@ -16,13 +16,12 @@ from typing import Any
 import pytest
 
 from schemas import Store, TransitionEvent
-from schemas.query import GateMode, QueryRequest
+from schemas.query import GateMode, QueryRequest, Visibility
 from stam.read.gate import StoreGate
-from stam.read.service import NO_READER, QueryService
+from stam.read.service import NO_READER, QueryService, TimelineCache
 from stam.read.tokens import load_tokenizer
 from stam.sources.fhir_r4 import load_bundle
 from stam.stages import process_entry
-from stam.stores.projection import VectorProjection
 from tests.conftest import BUNDLES, SMALL_PATIENT
 
 pytestmark = pytest.mark.integration
@@ -38,14 +37,13 @@ def loaded(deps: Any, small_bundle: Any) -> tuple[Any, list[TransitionEvent]]:
     return deps, events
 
 
-def service(deps: Any, *, projection: bool = True, events: list[TransitionEvent] | None = None) -> QueryService:
+def service(deps: Any, *, events: list[TransitionEvent] | None = None, cache: int = 500_000) -> QueryService:
     async def log(_pid: str) -> list[TransitionEvent]:
         return list(events or [])
 
     return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
                         tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate(0.0),
-                        projection=VectorProjection(deps.vectors) if projection else None,
-                        transitions=log if events is not None else None)
+                        transitions=log if events is not None else None, cache=TimelineCache(cache))
 
 
 def ask(svc: QueryService, question: str, **kw: Any) -> Any:
@@ -63,24 +61,61 @@ def test_current_question_gets_only_the_current_fact_as_current(loaded: Any) -> 
     answer = ask(service(deps), "What is the patient's body height?")
     assert answer.ok and answer.note == NO_READER and answer.answer is None
     p = answer.packet
-    assert not p.gate.serve_history and p.gate.cue is None
+    assert not p.gate.serve_history and p.gate.cue is None and "margin 0.000" in p.gate.reason  # a tie: ACTIVE
     (h,) = heights(p, deps)
-    assert h.store is Store.ACTIVE and h.text.startswith("Body Height: 87.8")
-    assert "Current:" in p.rendered and "Historical:" not in p.rendered
+    assert h.store is Store.ACTIVE and h.text.startswith("Body Height: 87.8") and h.role == "current"
+    assert "- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]" in p.rendered
+    assert "earlier" not in p.rendered.split("\n")[2]
+    (fact,) = p.facts
+    assert fact.text == "Body Height: most recent value: 87.8171 cm at 1941-03-15 07:44"
+    assert fact.memory_ids == (h.memory_id,) and "Computed from the record: " + fact.text in p.rendered
     assert p.tokens > 0 and p.tokenizer == "all-MiniLM-L6-v2"
 
 
-def test_history_question_gets_superseded_facts_with_their_successors(loaded: Any) -> None:
+def test_a_hit_brings_the_thread_in_clinical_order(loaded: Any, small_bundle: Any) -> None:
     deps, _ = loaded
     p = ask(service(deps), "How has the body height changed over time?", k_history=10).packet
-    assert p.gate.serve_history and p.gate.cue == "changed"
+    assert p.gate.serve_history and p.intent == "change"
     hs = heights(p, deps)
-    past = [h for h in hs if h.store is Store.HISTORY]
-    assert len(past) == 10 and [h for h in hs if h.store is Store.ACTIVE]
-    for h in past:
-        assert h.reason is not None and h.reason.value == "superseded"
-        assert h.successor_id and h.successor_text and h.successor_text.startswith("Body Height:")
-    assert "Historical:" in p.rendered and "replaced by: Body Height:" in p.rendered
+    assert len(hs) == 11 and {h.thread for h in hs} == {0}  # the whole thread, one block
+    starts = [h.effective_start for h in hs]
+    assert starts == sorted(starts, reverse=True)  # newest first
+    assert hs[0].store is Store.ACTIVE and all(h.store is Store.HISTORY for h in hs[1:])
+    for h in hs[1:]:
+        assert h.reason is not None and h.reason.value == "superseded" and h.successor_id
+    measured = sorted((e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"),
+                      key=lambda e: e.effective_at)
+    assert hs[-1].source_entry_id == measured[0].entry_id and hs[-1].role == "first"
+    line = next(x for x in p.rendered.splitlines() if x.startswith("- Body Height:"))
+    assert line.startswith("- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]; earlier: 83.211 cm at ")
+    assert "replaced by" not in p.rendered and line.count("Body Height") == 1  # the successor is not repeated
+    (fact,) = p.facts
+    assert fact.text.startswith("Body Height: from 48.0211 cm at 1938-04-09 07:44 to 87.8171 cm at 1941-03-15")
+
+
+@pytest.mark.parametrize(("question", "role", "value"), [
+    ("What was the body height before the most recent one?", "previous", "83.211 cm"),
+    ("What was the first body height?", "first", "48.0211 cm"),
+    ("What was the lowest body height?", "lowest", "48.0211 cm"),
+    ("What was the highest body height?", "highest", "87.8171 cm"),
+])
+def test_the_thread_is_filled_by_what_the_question_asks(loaded: Any, question: str, role: str, value: str) -> None:
+    deps, _ = loaded
+    p = ask(service(deps), question).packet
+    picked = [h for h in heights(p, deps) if h.role == role or (h.role == "current" and h.value == value)]
+    assert picked and all(h.value == value for h in picked)  # the current value keeps its role when it is also it
+    assert value in p.facts[0].text and set(p.facts[0].memory_ids) >= {h.memory_id for h in picked}
+
+
+def test_count_and_a_time_window(loaded: Any, small_bundle: Any) -> None:
+    deps, _ = loaded
+    measured = [e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"]
+    p = ask(service(deps), "How many body height measurements were recorded?").packet
+    assert p.facts[0].text.startswith(f"Body Height: {len(measured)} recorded")
+    in_1939 = [e for e in measured if e.effective_at.year == 1939]
+    p = ask(service(deps), "What were the body heights in 1939?").packet
+    assert {h.source_entry_id for h in heights(p, deps)} == {e.entry_id for e in in_1939}
+    assert p.at == datetime.fromisoformat("1940-01-01T00:00:00+00:00")
 
 
 def test_gate_modes_labels_joint_ranking_and_token_budget(loaded: Any) -> None:
@@ -90,33 +125,51 @@ def test_gate_modes_labels_joint_ranking_and_token_budget(loaded: Any) -> None:
     assert both.gate.serve_history and any(i.store is Store.HISTORY for i in both.items)
     active = ask(svc, "Was carbamazepine ever stopped?", gate=GateMode.ACTIVE).packet
     assert not active.gate.serve_history and all(i.store is Store.ACTIVE for i in active.items)
+    stopped = ask(svc, "Was carbamazepine ever stopped?").packet
+    assert stopped.gate.serve_history and any(i.store is Store.HISTORY and "arbamazepine" in i.text
+                                              for i in stopped.items)
     neutral = ask(svc, "body height", gate=GateMode.BOTH, labels=False).packet
-    assert "Current" not in neutral.rendered and "Historical" not in neutral.rendered
-    joint = ask(svc, "body height", gate=GateMode.BOTH, ranking="joint", k_active=3, k_history=3).packet
-    assert len(joint.items) == 6 and [i.score for i in joint.items] == sorted((i.score for i in joint.items),
-                                                                              reverse=True)
-    small = ask(svc, "body height", gate=GateMode.BOTH, token_budget=60).packet
+    assert "[current]" not in neutral.rendered and "superseded" not in neutral.rendered
+    joint = ask(svc, "recent results", gate=GateMode.BOTH, ranking="joint", k_active=3, k_history=3).packet
+    assert len({i.thread for i in joint.items}) == 3  # no concept named: k_active threads
+    small = ask(svc, "How has the body height changed?", token_budget=60).packet
     assert small.dropped > 0 and small.tokens <= 60
     assert [i.rank for i in small.items] == sorted(i.rank for i in small.items)
 
 
-def test_as_of_reconstructs_the_past_from_the_transition_log(loaded: Any, small_bundle: Any) -> None:
+def test_as_of_reconstructs_the_past(loaded: Any, small_bundle: Any) -> None:
     deps, events = loaded
     svc = service(deps, events=events)
     when = datetime.fromisoformat("1938-06-01T00:00:00+00:00")
     measured = sorted((e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"),
                       key=lambda e: e.effective_at)
     expected = [e for e in measured if e.effective_at <= when][-1]  # the last height measured by then
-    p = ask(svc, "What is the patient's body height?", as_of=when).packet
-    (h,) = heights(p, deps)
-    assert h.store is Store.ACTIVE and h.source_entry_id == expected.entry_id
-    assert p.as_of == when
+    for p in (ask(svc, "What is the patient's body height?", as_of=when).packet,
+              ask(svc, "What was the body height as of 1938-06-01?").packet):  # the time in the question
+        (h,) = heights(p, deps)
+        assert h.store is Store.ACTIVE and h.source_entry_id == expected.entry_id
+        assert p.at == when or p.at == datetime.fromisoformat("1938-06-02T00:00:00+00:00")
     # A position in the stream: right after the first entry only that entry's memories exist.
     first = ask(svc, "anything", as_of_version=1).packet
     assert first.state_version == 1 and {i.source_entry_id for i in first.items} == {small_bundle.entries[0].entry_id}
-    # Without a transition log, a past query is refused with a clear error, not answered from now.
-    refused = ask(service(deps), "body height", as_of=when)
-    assert not refused.ok and refused.error_kind == "invalid" and "transition log" in refused.error
+    # as_of needs no log (the timeline); a position in the stream does, and without one the query is refused.
+    assert ask(service(deps), "body height", as_of=when).ok
+    refused = ask(service(deps), "body height", as_of_version=1)
+    assert not refused.ok and "transition log" in refused.error and refused.error_kind == "invalid"
+
+
+def test_visibility_boundary(loaded: Any, small_bundle: Any) -> None:
+    deps, _ = loaded
+    svc = service(deps)
+    measured = sorted((e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"),
+                      key=lambda e: e.effective_at)
+    hidden = Visibility(exclude_entry_ids=(measured[-1].entry_id,))
+    p = ask(svc, "What is the patient's body height?", visibility=hidden).packet
+    (h,) = heights(p, deps)  # the one before the withheld measurement is current again
+    assert h.source_entry_id == measured[-2].entry_id and h.store is Store.ACTIVE
+    assert measured[-1].entry_id not in {i.source_entry_id for i in p.items}
+    only = ask(svc, "carbamazepine", visibility=Visibility(categories=("observation",)), gate=GateMode.BOTH).packet
+    assert only.items and all(i.category.value == "observation" for i in only.items)
 
 
 def test_a_query_never_returns_another_patients_memory(deps: Any, small_bundle: Any) -> None:
@@ -127,12 +180,15 @@ def test_a_query_never_returns_another_patients_memory(deps: Any, small_bundle: 
            for pid in (SMALL_PATIENT, other.entries[0].patient_id)}
     vocabulary = [m.memory.text for pid in own for m in deps.states.load(pid).memories.values()]
     rng = random.Random(7)
-    for svc in (service(deps), service(deps, projection=False)):  # projection and filtered Milvus search
+    for svc in (service(deps), service(deps, cache=1)):  # timelines kept warm, and read anew every time
         for _ in range(150):
             pid = rng.choice(sorted(own))
             q = rng.choice(vocabulary)  # often a fact of the *other* patient, word for word
-            p = ask(svc, q, patient_id=pid, gate=GateMode.BOTH, k_active=10, k_history=10).packet
-            assert p.items and {i.memory_id for i in p.items} <= own[pid]
+            answer = ask(svc, q, patient_id=pid, gate=GateMode.BOTH, k_active=10, k_history=10)
+            assert answer.ok, (q, answer.error)
+            p = answer.packet
+            assert {i.memory_id for i in p.items} <= own[pid]
+            assert p.items or "nothing recorded by then" in p.rendered  # a date in the question before the record
     unknown = ask(service(deps), "body height", patient_id="no-such-patient")
     assert not unknown.ok and unknown.error_kind == "not_found" and "no memory" in unknown.error
 

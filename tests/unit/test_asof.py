@@ -69,3 +69,90 @@ def test_an_ended_fact_that_archived_another_resource_of_its_concept_held_beside
     events = [added(chronic, 1), added(episode, 2, Store.HISTORY, Reason.RESOLVED), archived]
     assert active(events, t(2011)) == {"chronic", "episode"}
     assert active(events, t(2013)) == set()
+
+
+# --- the read path's timeline computes the same states, and a visibility boundary ------------------------------
+
+def timeline_active(events: list[TransitionEvent], when: datetime | None, **vis: object) -> set[str]:
+    from schemas.query import Visibility
+    from stam.read.timeline import Timeline
+    from stam.rebuild import replay
+
+    final = replay("p", events)
+    tl = Timeline.from_stored("p", final.version, final.memories.values())
+    view = tl.view(when, Visibility(**vis) if vis else None)  # type: ignore[arg-type]
+    return {tl.ids[i] for i in range(len(tl)) if view.present[i] and not view.history[i]}
+
+
+def test_the_timeline_agrees_with_the_log_replay_on_every_case_above() -> None:
+    start = mem("start", "e1", t(2010), ref="pharmacy/1")
+    stop = mem("stop", "e2", t(2010), t(2012), ref="pharmacy/1")
+    archived = TransitionEvent(transition_id="t-arch", patient_id="p", entry_id="e2", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id="start", from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.STOPPED, successor_id="stop", evidence_id="stop",
+                               clinical_time=t(2012), recorded_at=t(2030), state_version=2)
+    cases = [[added(mem("sinusitis", "e1", t(2010), t(2012)), 1, Store.HISTORY, Reason.RESOLVED)],
+             [added(start, 1), added(stop, 2, Store.HISTORY, Reason.STOPPED), archived]]
+    for events in cases:
+        for year in (2009, 2010, 2011, 2012, 2013):
+            assert timeline_active(events, t(year)) == active(events, t(year)), year
+
+
+def test_a_rate_superseded_before_its_own_end_exists_from_its_start() -> None:
+    # MIMIC-IV subject 10040025: an ICU infusion rate charted for 2148-01-28 14:00 to 01-30 16:00 was superseded by
+    # the next rate at 01-28 15:00. The log replay took the infusion's end as the time it appeared, kept the
+    # archival (15:00 <= T) without the memory, and raised KeyError('m-...') for T = 01-28 20:06.
+    water = mem("water-1", "e1", datetime(2148, 1, 28, 14, tzinfo=UTC), datetime(2148, 1, 30, 16, tzinfo=UTC))
+    rate = mem("water-2", "e2", datetime(2148, 1, 28, 15, tzinfo=UTC), datetime(2148, 1, 28, 15, 15, tzinfo=UTC))
+    archived = TransitionEvent(transition_id="t-arch", patient_id="p", entry_id="e2", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id="water-1", from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.SUPERSEDED, successor_id="water-2",
+                               evidence_id="water-2", clinical_time=rate.effective_end, recorded_at=t(2030),
+                               state_version=2)
+    events = [added(water, 1), added(rate, 2), archived]
+    when = datetime(2148, 1, 28, 20, 6, tzinfo=UTC)
+    assert active(events, when) == {"water-2"} == timeline_active(events, when)
+    assert active(events, datetime(2148, 1, 28, 14, 30, tzinfo=UTC)) == {"water-1"}
+
+
+def test_an_archival_of_a_memory_that_does_not_exist_yet_is_left_out() -> None:
+    # An explicit reference can end an order whatever its time: a change at 2011 names an order that starts 2012.
+    order = mem("order", "e1", t(2012), ref="poe/1")
+    change = mem("change", "e2", t(2011), ref="poe/2")
+    archived = TransitionEvent(transition_id="t-arch", patient_id="p", entry_id="e2", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id="order", from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.SUPERSEDED, successor_id="change",
+                               evidence_id="change", clinical_time=t(2011), recorded_at=t(2030), state_version=2)
+    events = [added(order, 1), added(change, 2), archived]
+    half = datetime(2011, 7, 1, tzinfo=UTC)
+    assert active(events, half) == {"change"} == timeline_active(events, half)
+    assert active(events, t(2013)) == {"change"} == timeline_active(events, t(2013))
+
+
+def test_an_interval_fact_that_was_current_holds_from_its_start() -> None:
+    first = mem("adm1", "e1", t(2010), t(2011), ref="Encounter/1")
+    second = mem("adm2", "e2", t(2014), t(2015), ref="Encounter/2")
+    archived = TransitionEvent(transition_id="t-arch", patient_id="p", entry_id="e2", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id="adm1", from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.SUPERSEDED, successor_id="adm2",
+                               evidence_id="adm2", clinical_time=t(2015), recorded_at=t(2030), state_version=2)
+    events = [added(first, 1), added(second, 2), archived]
+    during = datetime(2014, 6, 1, tzinfo=UTC)  # inside the second admission, before its discharge
+    assert active(events, during) == {"adm2"} == timeline_active(events, during)
+    assert active(events, t(2012)) == {"adm1"} == timeline_active(events, t(2012))
+
+
+def test_evidence_outside_the_visibility_boundary_is_left_out_and_what_it_ended_is_current() -> None:
+    old = mem("old", "e1", t(2010), ref="Observation/1")
+    new = mem("new", "e2", t(2011), ref="Observation/2")
+    archived = TransitionEvent(transition_id="t-arch", patient_id="p", entry_id="e2", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id="old", from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.SUPERSEDED, successor_id="new",
+                               evidence_id="new", clinical_time=t(2011), recorded_at=t(2030), state_version=2)
+    events = [added(old, 1), added(new, 2), archived]
+    assert timeline_active(events, None) == {"new"}
+    assert timeline_active(events, None, exclude_entry_ids=("e2",)) == {"old"}
+    assert timeline_active(events, None, entry_ids=("e1",)) == {"old"}
+    assert timeline_active(events, None, exclude_categories=("condition",)) == set()
+    assert timeline_active(events, None, exclude_source_types=("Observation",)) == set()
+    assert timeline_active(events, t(2010), exclude_entry_ids=("e2",)) == {"old"}
