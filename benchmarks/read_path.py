@@ -13,10 +13,10 @@ Queries: question templates over the vocabulary (about a concept in the patient'
 history cues, or free phrasing), a random patient each (seeded), through ``QueryService.answer`` with no reader.
 Three arms: gate ``auto`` (threshold ``--threshold``), ``active`` (HISTORY never served) and ``both`` (always).
 
-- ``cold``: the first query of ``--cold-sample`` patients (the patient's vectors fetched from Milvus), arms in
-  turn. The other patients are then primed into the projection with the vectors the load wrote (as a query
-  worker that stays warm holds them): at 2M vectors a Milvus Lite fetch of one patient takes seconds, so a cold
-  pass over every patient is not affordable here (it stops early if the machine runs below ``--min-free-gb``).
+- ``cold``: the first query of ``--cold-sample`` patients, arms in turn: the patient's memory records read from
+  Redis into its timeline, concept vectors from the shared concept cache the write path fills (no Milvus call
+  for coded memories). The other patients' timelines are then warmed the same way (it stops early if the
+  machine runs below ``--min-free-gb``).
 - ``warm``: ``--queries`` queries, each asked in all three arms (order rotated), twice: with the question
   embedded per query (embedder without cache: the realistic case for distinct questions) and with the question
   embedding cached.
@@ -52,11 +52,11 @@ from schemas.query import GateMode, QueryRequest
 from stam import stack
 from stam.embedding import Embedder
 from stam.read.gate import StoreGate
-from stam.read.service import QueryService
+from stam.read.service import QueryService, TimelineCache
 from stam.read.tokens import Tokenizer, load_tokenizer
 from stam.stores.base import Commit
 from stam.stores.milvus import MilvusVectorStore
-from stam.stores.projection import VectorProjection
+from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
 
 ARMS = (GateMode.AUTO, GateMode.ACTIVE, GateMode.BOTH)
@@ -155,11 +155,10 @@ def _fingerprint(args: argparse.Namespace) -> dict[str, Any]:
 
 def make_service(url: str, vectors: MilvusVectorStore, embedder: Embedder, tokenizer: Tokenizer,
                  args: argparse.Namespace) -> QueryService:
-    """A query service whose caches hold every patient (state cache and vector projection)."""
-    states = RedisStateStore(redis.Redis.from_url(url), cache_size=args.patients + 1)
-    projection = VectorProjection(vectors, max_vectors=args.patients * args.memories + 1)
+    """A query service whose timeline cache can hold every patient."""
+    states = RedisStateStore(redis.Redis.from_url(url), cache_size=1)
     return QueryService(states=states, vectors=vectors, embedder=embedder, tokenizer=tokenizer,
-                        gate=StoreGate(args.threshold), projection=projection)
+                        gate=StoreGate(args.threshold), cache=TimelineCache(args.patients * args.memories + 1))
 
 
 def ask(loop: asyncio.AbstractEventLoop, svc: QueryService, req: QueryRequest) -> tuple[float, Any]:
@@ -174,7 +173,9 @@ def ask(loop: asyncio.AbstractEventLoop, svc: QueryService, req: QueryRequest) -
 def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, plans: list[list[Chain]],
                 vocab: list[Concept], cached: Embedder, concept_vectors: np.ndarray) -> dict[str, Any]:
     tokenizer = load_tokenizer("all-MiniLM-L6-v2")
-    plain = Embedder(cache_size=0)  # every question embedded
+    # The query process starts with no vector of its own: concept vectors come from the shared cache the write
+    # path fills (Redis), every question is embedded.
+    plain = Embedder(cache_size=0, shared=RedisVectorCache(redis.Redis.from_url(url)))
     svc = make_service(url, vectors, plain, tokenizer, args)
     loop = asyncio.new_event_loop()
     rng = random.Random(f"{args.seed}:queries")
@@ -191,7 +192,8 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
     order = list(range(args.patients))
     rng.shuffle(order)
     sample = order[: args.cold_sample]
-    _log(f"cold pass: first touch of {len(sample)} patients (vectors fetched from Milvus)")
+    _log(f"cold pass: first query of {len(sample)} patients (records from Redis, concept vectors from the shared "
+         "cache)")
     cold: dict[GateMode, list[float]] = {a: [] for a in ARMS}
     started = time.perf_counter()
     warm_set: list[int] = []
@@ -200,19 +202,16 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
         arm = ARMS[n % len(ARMS)]
         elapsed, _ = ask(loop, svc, request(f"cold-{n}", i, question(rng, plans[i], vocab), arm))
         cold[arm].append(elapsed)
-        _log(f"  cold {n + 1}/{len(sample)}: {elapsed:.2f}s ({time.perf_counter() - started:.1f}s)")
-    # The other patients are primed with the vectors the load wrote (rebuilt deterministically), as a query
-    # worker that stays warm holds them; fetching each from Milvus Lite at this size costs the cold time above.
-    _log(f"priming the projection with the other {len(order) - len(sample)} patients")
-    assert svc.projection is not None
+        if (n + 1) % max(1, len(sample) // 5) == 0:
+            _log(f"  cold {n + 1}/{len(sample)} ({time.perf_counter() - started:.1f}s)")
+    _log(f"warming the timelines of the other {len(order) - len(sample)} patients")
     for n, i in enumerate(order[len(sample):]):
         if n % 50 == 0:
             avail = _mem_available_gb()
             if avail is not None and avail < args.min_free_gb:
-                _log(f"WARNING: {avail:.1f} GB left: priming stops at {n} patients (--min-free-gb)")
+                _log(f"WARNING: {avail:.1f} GB left: warming stops at {n} patients (--min-free-gb)")
                 break
-        state, rows = build_patient(i, _pid(i), plans[i], concept_vectors, seed=args.seed)
-        svc.projection.prime(_pid(i), svc.states.version(_pid(i)), rows)
+        svc.timeline(_pid(i))
         warm_set.append(i)
     rss_warm = _proc_mb("self", "VmRSS")
 
@@ -275,7 +274,7 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
         "query_process": {"rss_mb": rss_after, "peak_rss_mb": _proc_mb("self", "VmHWM"),
                           "rss_before_warmup_mb": rss_before,
                           "warm_caches_mb_per_patient": round(cache_mb / max(len(warm_set), 1), 3),
-                          "projection_reloads": svc.projection.reloads if svc.projection else None},
+                          "timeline_loads": svc.cache.loads, "timeline_memories": svc.cache.memories()},
         "goal_p99_under_50ms": bool(warm_auto and warm_auto["p99_ms"] < GOAL_MS),
         "goal_basis": "warm, gate auto, question embedded per query, no reader",
     }
@@ -305,8 +304,8 @@ def main() -> None:
                         "(a warm patient of 2,000 memories holds ~3 MB of vectors and ids; records are fetched per query)")
     parser.add_argument("--home", type=Path, default=None, help="stack home (kept, stack left running)")
     parser.add_argument("--reuse", action="store_true", help="keep data already loaded in --home for this config")
-    parser.add_argument("--cold-sample", type=int, default=6,
-                        help="patients whose first query is measured cold (Milvus fetch); the rest are primed")
+    parser.add_argument("--cold-sample", type=int, default=200,
+                        help="patients whose first query is measured cold; the rest are warmed before the warm pass")
     parser.add_argument("--load-only", action="store_true",
                         help="load (into --home) and stop; a later --reuse run measures queries on a quiet machine")
     args = parser.parse_args()
@@ -346,6 +345,9 @@ def main() -> None:
             _log(f"loading {args.patients} x {args.memories} memories")
             loaded = load(args, client, vectors, vocab, concept_vectors, plans) | {"reused": False}
         loaded["vocab_embed_s"] = round(vocab_embed_s, 2)
+        # The write path keeps every coded concept's vector in the shared concept cache; so does the load.
+        embedder.shared = RedisVectorCache(client)
+        embedder.share([c.embed_text for c in vocab], concept_vectors)
         if args.load_only:
             print(json.dumps({"config": _fingerprint(args), "load": loaded}, indent=2))
             return

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from schemas.common import Category
 from stam.config import Settings
 from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam.publish import FORMATS
@@ -116,10 +117,18 @@ def cmd_ask(args: argparse.Namespace) -> int:
             from datetime import UTC
 
             as_of = as_of.replace(tzinfo=UTC)
+    visibility = None
+    if args.exclude_entry or args.exclude_category or args.exclude_source_type:
+        from schemas.query import Visibility
+
+        visibility = Visibility(exclude_entry_ids=tuple(args.exclude_entry),
+                                exclude_categories=tuple(args.exclude_category),
+                                exclude_source_types=tuple(args.exclude_source_type))
     req = QueryRequest(request_id=f"cli-{time.time_ns()}", patient_id=args.patient, question=args.question,
                        k_active=args.k_active, k_history=args.k_history, gate=GateMode(args.gate),
                        ranking="joint" if args.joint else "separate", labels=not args.no_labels, spans=args.spans,
-                       token_budget=args.token_budget, as_of=as_of, as_of_version=args.as_of_version)
+                       token_budget=args.token_budget, as_of=as_of, as_of_version=args.as_of_version,
+                       visibility=visibility)
     from stam.read.service import failed_answer
 
     # pymilvus prints a traceback of its own for every failed call, and the service warns of an outage: the
@@ -633,15 +642,19 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
     from tqdm import tqdm
 
-    from stam.eval.mimic_qa import build_questions
+    from stam.eval.mimic_qa import balanced_sample, build_questions, read_jsonl
     from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
     from stam.read.reader import LocalReader, OpenAIReader
 
     root = Path(args.mimic)
-    questions = [q for q in build_questions(root, per_patient=args.per_patient, seed=args.seed)
-                 if q.split == args.split]
+    source = read_jsonl(args.questions) if args.questions else build_questions(root, per_patient=args.per_patient,
+                                                                               seed=args.seed)
+    questions = [q for q in source if q.split == args.split and (not args.types or q.qtype in args.types)]
     patients = sorted({q.patient_id for q in questions})[: args.patients or None]
     questions = [q for q in questions if q.patient_id in set(patients)]
+    if args.limit:
+        questions = balanced_sample(questions, args.limit, seed=args.seed)
+    tables = tuple(args.tables.split(",")) if args.tables else None
     reader: Any = None
     if args.reader_url:
         reader = OpenAIReader(args.reader_url, args.reader_model, api_key=os.environ.get("STAM_READER_API_KEY", ""),
@@ -660,9 +673,10 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
         answers.update(n - answers.n)
 
     with tempfile.TemporaryDirectory(prefix="stam-eval-qa-") as work:
-        report = evaluate_qa(root, questions, workdir=Path(work), budget=args.budget, rag_k=args.rag_k,
-                             progress=progress, reader=reader, match=args.match, keep_rows=args.rows,
-                             answer_progress=answered)
+        report = evaluate_qa(root, questions, workdir=Path(args.replay_dir or work), budget=args.budget,
+                             rag_k=args.rag_k, tables=tables, progress=progress, reader=reader, match=args.match,
+                             keep_rows=args.rows, answer_progress=answered, keep_replay=bool(args.replay_dir),
+                             systems=args.systems)
     bar.close()
     answers.close()
     rows = [{"system": name, **{k: v for k, v in s.items() if not isinstance(v, dict)}}
@@ -683,6 +697,75 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
                                                title=f"MIMIC-QA ({args.split}, {len(questions)} questions): "
                                                f"{score.replace('_', ' ')} vs served tokens"))
         print(f"plot: {out['plot']}", file=sys.stderr)
+    return _emit_report(out, args.out)
+
+
+def cmd_eval_gate(args: argparse.Namespace) -> int:
+    import random
+    import tempfile
+
+    from stam.embedding import Embedder
+    from stam.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
+    from stam.eval.mimic_qa import build_questions
+    from stam.eval.qa_run import READER_SYSTEM
+    from stam.eval.state import replay_mimic
+    from stam.read.gate import StoreGate, calibrate, write_gate_file
+    from stam.read.reader import LocalReader, OpenAIReader
+    from stam.read.service import QueryService
+    from stam.read.tokens import load_tokenizer
+
+    reader: Any = (OpenAIReader(args.reader_url, args.reader_model, timeout_s=600.0, max_tokens=64,
+                                system=READER_SYSTEM) if args.reader_url
+                   else LocalReader(args.reader_local, system=READER_SYSTEM))
+
+    def answer(question: str, evidence: str) -> str:
+        if hasattr(reader, "answer_sync"):
+            return str(reader.answer_sync(question, evidence))
+        return str(asyncio.run(reader.answer(question, evidence)))
+
+    embedder = Embedder()
+    tokenizer = load_tokenizer("all-MiniLM-L6-v2")
+    gate = StoreGate()
+    out: dict[str, Any] = {"eval": "gate", "reader": reader.name, "lambdas": args.lambdas}
+    samples: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="stam-eval-gate-") as work:
+        if args.mimic:
+            root = Path(args.mimic)
+            questions = [q for q in build_questions(root, per_patient=args.per_patient) if q.split == args.split]
+            random.Random(args.seed).shuffle(questions)
+            subjects = sorted({q.patient_id for q in questions})
+            run = replay_mimic(root, subjects=subjects, tables=MIMIC_TABLES, variant="stam",
+                               workdir=Path(args.replay_dir or work) / "stam", embedder=embedder,
+                               keep=bool(args.replay_dir))
+            try:
+                svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=embedder,
+                                   tokenizer=tokenizer, gate=gate)
+                got, rows = mimic_samples(svc, questions, answer, limit=args.limit)
+            finally:
+                run.close()
+            samples += got
+            out["mimic"] = report(got, args.lambdas) | {"split": args.split, "rows": rows if args.rows else None}
+        if args.synthea:
+            run, items = synthea_items(Path(args.synthea), Path(work) / "synthea", embedder, patients=None,
+                                       per_patient=args.per_patient)
+            try:
+                random.Random(args.seed).shuffle(items)
+                svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=embedder,
+                                   tokenizer=tokenizer, gate=gate)
+                got, rows = labelled_samples(svc, items, answer, limit=args.limit)
+            finally:
+                run.close()
+            samples += got
+            out["synthea"] = report(got, args.lambdas) | {"rows": rows if args.rows else None}
+    if not samples:
+        print("stam eval gate: give --mimic and/or --synthea", file=sys.stderr)
+        return 2
+    out["both"] = report(samples, args.lambdas)
+    chosen = calibrate(samples, args.lambdas[0])
+    out["chosen"] = chosen.as_dict()
+    if args.write:
+        write_gate_file(Path(args.write), chosen, source=f"stam eval gate ({reader.name})")
+        out["written"] = args.write
     return _emit_report(out, args.out)
 
 
@@ -737,17 +820,32 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_query_worker)
 
     p = sub.add_parser("ask", help="ask about one patient: the evidence packet (and answer when a reader is set)",
-                       description="Reads the stores directly with the query worker's code. --as-of / "
-                       "--as-of-version replay the patient's transitions topic to that point.")
+                       description="Reads the stores directly with the query worker's code: the patient's concept "
+                       "threads, filled by what the question asks of time (current, previous, first, highest, "
+                       "lowest, count, change, orders started or stopped most recently, is X active, what X was "
+                       "changed into), with computed facts where the question names a concept. A time in the "
+                       "question (\"as of 2148-01-28 20:06\", \"in the last 24 hours\") is read against the "
+                       "patient's clinical clock. --as-of views the state at a clinical time; --as-of-version "
+                       "replays the patient's transitions topic to a position in its stream.")
     p.add_argument("--patient", required=True)
     p.add_argument("question")
     p.add_argument("--as-of", default=None, help="clinical time (ISO 8601; no zone: UTC)")
     p.add_argument("--as-of-version", type=int, default=None, help="patient state version (stream position)")
-    p.add_argument("--gate", choices=["auto", "active", "both"], default="auto")
-    p.add_argument("--k-active", type=int, default=8)
-    p.add_argument("--k-history", type=int, default=8)
-    p.add_argument("--joint", action="store_true", help="one ranking over both stores")
-    p.add_argument("--no-labels", action="store_true", help="neutral rendering without Current/Historical")
+    p.add_argument("--gate", choices=["auto", "active", "both"], default="auto",
+                   help="serve HISTORY as the store gate decides (auto), never, or always")
+    p.add_argument("--k-active", type=int, default=8, help="concept threads served")
+    p.add_argument("--k-history", type=int, default=8,
+                   help="earlier values served per thread beyond what the question needs (when HISTORY is served)")
+    p.add_argument("--joint", action="store_true",
+                   help="one ranking over all threads (default: threads with a current memory first)")
+    p.add_argument("--exclude-entry", action="append", default=[], metavar="ENTRY_ID",
+                   help="evidence this query may not see (repeatable): its memories are left out, and what they ended "
+                   "is current again")
+    p.add_argument("--exclude-category", action="append", default=[],
+                   choices=[c.value for c in Category], help="memory categories this query may not see (repeatable)")
+    p.add_argument("--exclude-source-type", action="append", default=[], metavar="TYPE",
+                   help="source resource types this query may not see, e.g. DocumentReference (repeatable)")
+    p.add_argument("--no-labels", action="store_true", help="neutral rendering: no [current] marks, no reasons")
     p.add_argument("--spans", action="store_true", help="render the source text around each memory")
     p.add_argument("--token-budget", type=int, default=None)
     p.add_argument("--json", action="store_true", help="the QueryAnswer JSON (schemas/json/query-answer.v1.json)")
@@ -841,15 +939,29 @@ def main(argv: list[str] | None = None) -> int:
     q.set_defaults(fn=cmd_eval_state)
     q = ev.add_parser("qa", help="MIMIC-QA: STAM versus append-only, flat RAG, full context (evidence, tokens, "
                       "and a reader's F1/EM)",
-                      description="Replays the split's patients (admissions, poe, pharmacy, labevents) under STAM "
-                      "and append-only, then for each question measures what each system serves a reader: "
-                      "gold-evidence recall, tokens, paired tests against STAM. With --reader-url (an "
+                      description="Replays the split's patients (every MIMIC-IV table unless --tables) under "
+                      "STAM, then for each question, asked at its clinical time (as_of), measures what each system "
+                      "serves a reader: STAM, STAM with HISTORY always served, append-only (the same memories, none "
+                      "ever ended, cosine top-k), STAM's read path over that append-only state, flat RAG over the "
+                      "entries, full context. Reported: gold-evidence recall, tokens, paired tests against STAM, "
+                      "and items STAM served as current that the rows say were replaced. With --reader-url (an "
                       "OpenAI-compatible endpoint such as `stam serve`) or --reader-local (a packaged GGUF model in "
                       "process), the same reader answers from every system's context: token F1, exact match, "
                       "McNemar/bootstrap/sign-flip against STAM. --match runs STAM again at a comparator's median "
                       "context size (appendix C.5).")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    q.add_argument("--questions", help="a question set (JSONL from `stam eval questions`) instead of building one")
+    q.add_argument("--types", nargs="+", help="only these question types")
+    q.add_argument("--limit", type=int, default=0, help="N questions after the other filters, a seeded sample with "
+                   "the question types in equal shares (0: all)")
+    q.add_argument("--tables", help="MIMIC-IV tables to replay, comma-separated (default: every table the loader "
+                   "reads, the distractors a real record has)")
+    q.add_argument("--replay-dir", help="keep the replay in this folder and reuse it next time (a replay of the "
+                   "whole demo with every table takes most of an hour here)")
+    q.add_argument("--systems", nargs="+", help="systems to run (default: stam, stam-both, append-only, "
+                   "append-only+threads, flat-rag, full-context; also the rendering controls stam-no-facts and "
+                   "stam-neutral); stam always runs")
     q.add_argument("--patients", type=int, default=0, help="first N patients of the split (0: all)")
     q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
     q.add_argument("--seed", type=int, default=0)
@@ -866,6 +978,30 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--out")
     q.add_argument("--quiet", action="store_true")
     q.set_defaults(fn=cmd_eval_qa)
+    q = ev.add_parser("gate", help="calibrate the store gate with a reader on MIMIC-QA and Synthea",
+                      description="For the questions whose wording does not ask for the past (the only ones the "
+                      "threshold decides), the reader answers from the ACTIVE-only packet and from the packet with "
+                      "both stores; they agree when ACTIVE alone does as well (MIMIC-QA: token F1 against the rows' "
+                      "answer at least as high; Synthea, questions derived from the stored state: the same answer). "
+                      "Reports, per lambda, the threshold minimising disagreement - lambda * skip rate, with its "
+                      "skip rate, disagreement and served tokens, per source and for both; --write saves the first "
+                      "lambda's threshold as a gate file (STAM_GATE_FILE).")
+    q.add_argument("--mimic", help="MIMIC-IV folder (questions of --split, every table replayed)")
+    q.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    q.add_argument("--replay-dir", help="keep/reuse the MIMIC-IV replay here")
+    q.add_argument("--synthea", help="folder of Synthea FHIR bundles (questions derived from their state)")
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
+    q.add_argument("--limit", type=int, default=120, help="questions answered by the reader per source")
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.5, 1.0])
+    q.add_argument("--reader-url", help="OpenAI-compatible base URL of the reader")
+    q.add_argument("--reader-model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
+    q.add_argument("--reader-local", default="qwen2.5-coder-0.5b-instruct-q4_k_m",
+                   help="packaged GGUF model run in process (when no --reader-url)")
+    q.add_argument("--write", help="write the first lambda's calibrated threshold to this gate file")
+    q.add_argument("--rows", action="store_true", help="keep every question's answers in the report")
+    q.add_argument("--out")
+    q.set_defaults(fn=cmd_eval_gate)
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
     q.add_argument("--subjects")

@@ -94,7 +94,7 @@ import gzip
 import hashlib
 import json
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -104,7 +104,8 @@ from typing import IO
 from stam.errors import SourceError
 from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, _Builder, is_mimic_root
 
-__all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "build_questions", "read_jsonl", "split_of", "write_jsonl"]
+__all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "balanced_sample", "build_questions", "read_jsonl", "split_of",
+           "write_jsonl"]
 
 QTYPES: tuple[str, ...] = ("first_value", "last_value", "previous_value", "change_since_first", "min_value",
                            "max_value", "value_at_time", "current_medication", "drug_active_at",
@@ -827,6 +828,26 @@ def build_questions(root: Path, *, per_patient: int = PER_PATIENT, seed: int = 0
     for patient in sorted(patients, key=lambda s: (len(s), s)):
         out.extend(_select(patient, _Templates(patient, patients[patient], displays, seed).all(), per_patient, seed))
     return out
+
+
+def balanced_sample(questions: Sequence[Question], n: int, *, seed: int = 0) -> list[Question]:
+    """``n`` questions with the types in equal shares (as far as each type has questions), each type's in a seeded
+    order; returned in the input's order."""
+    by_type: dict[str, list[Question]] = defaultdict(list)
+    for q in sorted(questions, key=lambda q: _hash(str(seed), "sample", q.question_id)):
+        by_type[q.qtype].append(q)
+    chosen: set[str] = set()
+    queues = {t: iter(v) for t, v in sorted(by_type.items())}
+    while len(chosen) < min(n, len(questions)) and queues:
+        for t in list(queues):
+            if len(chosen) >= n:
+                break
+            nxt = next(queues[t], None)
+            if nxt is None:
+                del queues[t]
+            else:
+                chosen.add(nxt.question_id)
+    return [q for q in questions if q.question_id in chosen]
 
 
 def write_jsonl(questions: Iterable[Question], path: str | Path) -> int:

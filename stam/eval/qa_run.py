@@ -1,28 +1,36 @@
 """Evidence-level QA evaluation on MIMIC-QA: what each system would put in front of a reader.
 
-For each question (``stam.eval.mimic_qa``), each system builds its context for the patient as of the
-question's time, counted with the same tokenizer; reported per system: gold-evidence recall (share of the
-question's supporting rows in the context), questions with all their evidence served, served tokens (mean,
-median), by question type, and paired comparisons against STAM (exact McNemar on "all evidence served",
-paired bootstrap CI and sign-flip test on evidence recall). Systems:
+For each question (``stam.eval.mimic_qa``), each system builds its context for the patient at the question's
+clinical time (``as_of``, as a user would ask it), counted with the same tokenizer; reported per system:
+gold-evidence recall (share of the question's supporting rows in the context), questions with all their
+evidence served, served tokens (mean, median), by question type, and paired comparisons against STAM (exact
+McNemar on "all evidence served", paired bootstrap CI and sign-flip test on evidence recall). Patients are
+replayed with every MIMIC-IV table by default (the distractors a real record has). Systems:
 
-- ``stam``: the read path (``QueryService.packet``: store-aware retrieval, the store gate, labels) over the
-  STAM replay; ``as_of`` questions read the state rebuilt from the transition log at that time.
+- ``stam``: the read path (``QueryService.packet``: the patient's timeline viewed at ``as_of``, concept threads
+  ranked and filled by the question's intent, computed facts, the store gate, thread rendering).
 - ``stam-both``: the same with HISTORY always served (the gate forced open).
-- ``append-only``: the same read path over an append-only replay (every memory stays ACTIVE), k = the sum of
-  STAM's two budgets.
+- ``append-only``: the classic accumulating memory: every memory stays current and nothing is linked; cosine
+  top-k (k = STAM's two budgets together) over the memories recorded by the question's time, one dated line
+  each. Its memories are STAM's own (the same extraction), so only the state differs.
+- ``append-only+threads``: STAM's read path over that append-only state (an ablation: threads, intents and
+  computed facts without the state transitions).
 - ``flat-rag``: each entry is one chunk (the text of its memories); semantic top-k over the patient's chunks
   up to the question's time.
 - ``full-context``: every entry up to the question's time in time order, oldest dropped first to the token
   budget.
+- on request (``systems``), rendering controls: ``stam-no-facts`` (no computed facts) and ``stam-neutral``
+  (``labels=false``: no store words).
 
-Every system's context is rendered the same way for a reader (one ``- [date] text`` line per memory or entry;
-STAM's packet adds its Current/Historical labels) and counted with the same tokenizer. With a reader (any
-OpenAI-compatible endpoint, or a packaged GGUF model in process), each system's answers are scored by token
-F1 and exact match against the rows' answer, with the same paired tests (McNemar on EM, bootstrap and
-sign-flip on F1). Context matching (the paper's appendix C.5): ``match=<system>`` runs STAM once more with a
-token budget equal to that system's median context (k large enough that the budget decides; one ranking over
-both stores, HISTORY in it when the gate opens) and reports the ratio of the medians (matched within 0.8-1.25).
+Also counted for STAM's packets: items served as current that the rows say were superseded by then (a lab result
+with a later result of the same item at or before the packet's time; a pharmacy order whose stop is at or before
+it), from the published entries, never from STAM's state.
+
+With a reader (any OpenAI-compatible endpoint, or a packaged GGUF model in process), each system's answers are
+scored by token F1 and exact match against the rows' answer, with the same paired tests (McNemar on EM,
+bootstrap and sign-flip on F1). Context matching (the paper's appendix C.5): ``match=<system>`` runs STAM once
+more with a token budget equal to that system's median context and reports the ratio of the medians (matched
+within 0.8-1.25).
 """
 
 from __future__ import annotations
@@ -30,13 +38,14 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from schemas import RecordEntry, Store
+from schemas import AtomicMemory, RecordEntry, Store, StoredMemory
 from schemas.query import GateMode, QueryRequest
 from stam.eval.mimic_qa import Question
 from stam.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
@@ -44,7 +53,9 @@ from stam.eval.qa import exact_match, token_f1
 from stam.eval.state import Replayed, replay_mimic
 from stam.read.reader import SYSTEM
 
-SYSTEMS = ("stam", "stam-both", "append-only", "flat-rag", "full-context")
+SYSTEMS = ("stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context")
+ABLATIONS = ("stam-no-facts", "stam-neutral")
+"""Rendering controls, run on request: STAM without computed facts; STAM's neutral rendering (labels=false)."""
 
 
 def _when(e: RecordEntry) -> datetime | None:
@@ -60,10 +71,10 @@ def _chunks(run: Replayed, pid: str) -> list[tuple[RecordEntry, str]]:
     return [(e, "\n".join(texts[e.entry_id])) for e in run.entries[pid] if texts.get(e.entry_id)]
 
 
-READER_SYSTEM = (SYSTEM + " Reply with the answer only: a value with its unit, a medication name or a number, "
-                 "no sentence.")
+READER_SYSTEM = (SYSTEM + " Reply with the answer only: a value with its unit, a medication name, a number, or "
+                 "yes or no; no sentence.")
 MATCH_K = 200
-"""Per-store retrieval budget of a context-matched STAM run: the token budget, not k, decides the size."""
+"""Threads and per-thread history of a context-matched STAM run: the token budget, not k, decides the size."""
 
 
 def _line(e: RecordEntry, text: str) -> str:
@@ -75,51 +86,136 @@ def _render_entries(chunks: Sequence[tuple[RecordEntry, str]], idx: Sequence[int
     return "\n".join([header, *(_line(*chunks[i]) for i in idx)] if idx else [header, "(no entry retrieved)"])
 
 
+class AppendOnlyStates:
+    """A patient's records as an append-only memory keeps them: the same memories, every one current, none
+    ended or replaced (an evaluation adapter over a STAM replay's state store)."""
+
+    def __init__(self, states: Any) -> None:
+        self._states = states
+
+    @staticmethod
+    def _flat(s: StoredMemory) -> StoredMemory:
+        return s.model_copy(update={"store": Store.ACTIVE, "reason": None, "successor_id": None, "evidence_id": None,
+                                    "archived_by_entry": None, "archived_at": None})
+
+    def version(self, patient_id: str) -> int:
+        return int(self._states.version(patient_id))
+
+    def records(self, patient_id: str) -> tuple[int, list[bytes]]:
+        version, raw = self._states.records(patient_id)
+        return version, [self._flat(StoredMemory.model_validate_json(r)).model_dump_json().encode() for r in raw]
+
+    def memories(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, StoredMemory]:
+        return {k: self._flat(v) for k, v in self._states.memories(patient_id, memory_ids).items()}
+
+    def source_text(self, patient_id: str, entry_id: str) -> str | None:
+        return self._states.source_text(patient_id, entry_id)  # type: ignore[no-any-return]
+
+
+@dataclass
+class _Memories:
+    """One patient's memories for the append-only baseline: (memory, evidence time, vector)."""
+
+    memories: list[AtomicMemory]
+    times: np.ndarray
+    vectors: np.ndarray
+
+
+def _current_errors(pkt: Any, series: dict[str, list[tuple[datetime, str]]], item_of: dict[str, str],
+                    stops: dict[str, datetime]) -> int:
+    """Items a packet serves as current that the rows say were replaced by the packet's time."""
+    at = pkt.at
+    n = 0
+    for i in pkt.items:
+        if i.store is not Store.ACTIVE:
+            continue
+        item = item_of.get(i.source_entry_id)
+        if item is not None and i.effective_start is not None:
+            later = [t for t, e in series[item] if t > i.effective_start and (at is None or t <= at)]
+            n += bool(later)
+        stop = stops.get(i.source_entry_id)
+        n += stop is not None and (at is None or stop <= at)
+    return n
+
+
 def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, embedder: Any = None,
                 tokenizer: Any = None, k_active: int = 8, k_history: int = 8, rag_k: int = 16,
-                budget: int = 4000, tables: Sequence[str] = ("admissions", "poe", "pharmacy", "labevents"),
-                progress: Any = None, reader: Any = None, match: str | None = None, keep_rows: bool = False,
-                answer_progress: Any = None) -> dict[str, Any]:
+                budget: int = 4000, tables: Sequence[str] | None = None, progress: Any = None, reader: Any = None,
+                match: str | None = None, keep_rows: bool = False, answer_progress: Any = None,
+                keep_replay: bool = False, systems: Sequence[str] | None = None) -> dict[str, Any]:
     """Contexts of every system for every question; with ``reader``, its answers scored by token F1 / EM;
-    with ``match`` (a comparator system), STAM again at a token budget equal to that system's median."""
+    with ``match`` (a comparator system), STAM again at a token budget equal to that system's median.
+    ``keep_replay``: keep the replay in ``workdir`` and reuse one kept there (see ``replay_mimic``). ``systems``:
+    which systems to run (default :data:`SYSTEMS`; ``stam`` always runs, the others are compared with it)."""
     from stam.embedding import Embedder
     from stam.read.gate import StoreGate
     from stam.read.service import QueryService
     from stam.read.tokens import load_tokenizer
+    from stam.sources.mimic import TABLES
 
     embedder = embedder or Embedder()
     tokenizer = tokenizer or load_tokenizer("all-MiniLM-L6-v2")
+    tables = tuple(tables) if tables is not None else TABLES
     subjects = sorted({q.patient_id for q in questions})
     stam = replay_mimic(root, subjects=subjects, tables=tables, variant="stam", workdir=workdir / "stam",
-                        embedder=embedder, progress=progress)
-    append = replay_mimic(root, subjects=subjects, tables=tables, variant="append-only",
-                          workdir=workdir / "append", embedder=embedder)
-    systems = [*SYSTEMS]
+                        embedder=embedder, progress=progress, keep=keep_replay)
+    chosen = list(dict.fromkeys(["stam", *(systems or SYSTEMS)]))
+    unknown = set(chosen) - set(SYSTEMS) - set(ABLATIONS)
+    if unknown:
+        raise ValueError(f"unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS + ABLATIONS)}")
+    systems = chosen
     try:
-        services = {name: QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=embedder,
-                                       tokenizer=tokenizer, gate=StoreGate(), projection=run.deps.projection)
-                    for name, run in (("stam", stam), ("append-only", append))}
+        gate = StoreGate()
+        services = {"stam": QueryService(states=stam.deps.states, vectors=stam.deps.vectors, embedder=embedder,
+                                         tokenizer=tokenizer, gate=gate),
+                    "append-only+threads": QueryService(states=AppendOnlyStates(stam.deps.states),  # type: ignore[arg-type]
+                                                        vectors=stam.deps.vectors, embedder=embedder,
+                                                        tokenizer=tokenizer, gate=gate)}
+        series: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+        item_of: dict[str, str] = {}
+        stops: dict[str, datetime] = {}
+        for es in stam.entries.values():
+            for e in es:
+                if e.entry_id.startswith("mimic-iv:labevents:") and e.codes and e.effective_at is not None:
+                    key = f"{e.patient_id}|{e.codes[0].code}"
+                    series[key].append((e.effective_at, e.entry_id))
+                    item_of[e.entry_id] = key
+                elif e.entry_id.startswith("mimic-iv:pharmacy:") and e.entry_id.endswith(":stop") and \
+                        e.effective_end is not None:
+                    stops[e.entry_id.removesuffix(":stop") + ":start"] = e.effective_end
+        for v in series.values():
+            v.sort()
 
         def read_path(name: str, q: Question, mode: GateMode, ka: int, kh: int,
                       token_budget: int | None = None) -> dict[str, Any]:
-            service, run = (services["stam"], stam) if name.startswith("stam") else (services["append-only"], append)
+            service = services["append-only+threads" if name == "append-only+threads" else "stam"]
             as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
-            # Filled to a token budget, the packet takes items by rank: one ranking over both stores (the gate
-            # still decides whether HISTORY is in it), or ACTIVE would crowd out every HISTORY item.
             req = QueryRequest(request_id=q.question_id, patient_id=q.patient_id, question=q.question,
                                k_active=ka, k_history=kh, gate=mode, as_of=as_of, token_budget=token_budget,
-                               ranking="joint" if token_budget is not None else "separate")
-            pkt = service.packet(req, run.events[q.patient_id] if as_of else None)
+                               facts=name != "stam-no-facts", labels=name != "stam-neutral")
+            pkt = service.packet(req)
             return _row(q, {i.source_entry_id for i in pkt.items}, pkt.tokens, pkt.rendered,
-                        history=sum(i.store is Store.HISTORY for i in pkt.items))
+                        history=sum(i.store is Store.HISTORY for i in pkt.items), facts=len(pkt.facts),
+                        intent=pkt.intent, stale=_current_errors(pkt, series, item_of, stops)
+                        if name.startswith("stam") else 0)
 
+        memory_cache: dict[str, _Memories] = {}
         chunk_cache: dict[str, tuple[list[tuple[RecordEntry, str]], np.ndarray, list[int]]] = {}
-        rows: dict[str, list[dict[str, Any]]] = {s: [] for s in SYSTEMS}
+        rows: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for q in questions:
             as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
-            rows["stam"].append(read_path("stam", q, GateMode.AUTO, k_active, k_history))
-            rows["stam-both"].append(read_path("stam-both", q, GateMode.BOTH, k_active, k_history))
-            rows["append-only"].append(read_path("append-only", q, GateMode.ACTIVE, k_active + k_history, 0))
+            for name in systems:
+                if name.startswith("stam") or name == "append-only+threads":
+                    mode = GateMode.BOTH if name == "stam-both" else GateMode.AUTO
+                    rows[name].append(read_path(name, q, mode, k_active, k_history))
+            qv = embedder.embed([q.question])[0]
+            if "append-only" in rows:
+                if q.patient_id not in memory_cache:
+                    memory_cache[q.patient_id] = _append_only_memories(stam, q.patient_id, embedder)
+                rows["append-only"].append(_append_only(q, memory_cache[q.patient_id], qv, as_of,
+                                                        k_active + k_history, tokenizer))
+            if "flat-rag" not in rows and "full-context" not in rows:
+                continue
             if q.patient_id not in chunk_cache:
                 chunks = _chunks(stam, q.patient_id)
                 vecs = embedder.embed([t for _, t in chunks]) if chunks else np.zeros((0, embedder.dim))
@@ -127,10 +223,13 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
             chunks, vecs, counts = chunk_cache[q.patient_id]
             visible = [i for i, (e, _) in enumerate(chunks)
                        if as_of is None or (_when(e) is not None and _when(e) <= as_of)]  # type: ignore[operator]
-            qv = embedder.embed([q.question])[0]
             ranked = sorted(visible, key=lambda i: -float(vecs[i] @ qv))[:rag_k]
             text = _render_entries(chunks, ranked, "Patient record entries (most relevant first):")
-            rows["flat-rag"].append(_row(q, {chunks[i][0].entry_id for i in ranked}, tokenizer.count(text), text))
+            if "flat-rag" in rows:
+                rows["flat-rag"].append(_row(q, {chunks[i][0].entry_id for i in ranked}, tokenizer.count(text),
+                                             text))
+            if "full-context" not in rows:
+                continue
             kept: list[int] = []
             used = tokenizer.count("Patient record entries (oldest first):")
             for i in reversed(visible):  # newest first; the oldest are what the budget drops
@@ -141,9 +240,11 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
             text = _render_entries(chunks, kept[::-1], "Patient record entries (oldest first):")
             rows["full-context"].append(_row(q, {chunks[i][0].entry_id for i in kept}, tokenizer.count(text), text,
                                              truncated=len(kept) < len(visible)))
+            if progress is not None and hasattr(progress, "question"):
+                progress.question()
         matching = None
         if match is not None:
-            if match not in rows or match.startswith("stam"):
+            if match not in rows or match.startswith("stam") or match == "append-only+threads":
                 raise ValueError(f"match against one of append-only, flat-rag, full-context, not {match!r}")
             target = int(statistics.median(r["tokens"] for r in rows[match]))
             name = f"stam@{match}"
@@ -156,12 +257,12 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
                         "matched": bool(target) and 0.8 <= median / target <= 1.25}
     finally:
         stam.close()
-        append.close()
     if reader is not None:
         _answer(reader, questions, rows, answer_progress)
     report: dict[str, Any] = {
-        "questions": len(questions), "patients": len(subjects), "budget": budget, "rag_k": rag_k,
-        "k_active": k_active, "k_history": k_history, "reader": getattr(reader, "name", None),
+        "questions": len(questions), "patients": len(subjects), "tables": list(tables), "budget": budget,
+        "rag_k": rag_k, "k_active": k_active, "k_history": k_history, "reader": getattr(reader, "name", None),
+        "stale_current_items": {s: sum(r.get("stale", 0) for r in rows[s]) for s in systems if s.startswith("stam")},
         "systems": {s: _summary(rows[s]) for s in systems},
         "paired_vs_stam": {s: _paired(rows["stam"], rows[s]) for s in systems if s != "stam"}}
     if matching is not None:
@@ -171,6 +272,32 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     if keep_rows:
         report["rows"] = {s: [{k: v for k, v in r.items() if k != "context"} for r in rows[s]] for s in systems}
     return report
+
+
+def _append_only_memories(run: Replayed, pid: str, embedder: Any) -> _Memories:
+    from stam.read.asof import evidence_time
+    from stam.stages import _vectors
+
+    mems = [e.memory for e in run.events[pid] if e.memory is not None]
+    times = np.array([(t.timestamp() if (t := evidence_time(m, False)) else -np.inf) for m in mems])
+    vecs = _vectors(mems, run.deps) if mems else np.zeros((0, embedder.dim), dtype=np.float32)
+    return _Memories(mems, times, vecs)
+
+
+def _append_only(q: Question, mem: _Memories, qv: np.ndarray, as_of: datetime | None, k: int,
+                 tokenizer: Any) -> dict[str, Any]:
+    """Cosine top-k over the memories recorded by ``as_of``, one dated line each, best first."""
+    visible = np.flatnonzero(mem.times <= (as_of.timestamp() if as_of else np.inf))
+    scores = mem.vectors[visible] @ qv if visible.size else np.zeros(0)
+    top = visible[np.argsort(-scores, kind="stable")[:k]]
+    lines = ["Patient record memories (most relevant first):"]
+    for i in top:
+        m = mem.memories[int(i)]
+        lines.append(f"- [{m.effective_start.date().isoformat() if m.effective_start else '?'}] {m.text}")
+    if not top.size:
+        lines.append("(no memory retrieved)")
+    text = "\n".join(lines)
+    return _row(q, {mem.memories[int(i)].entry_id for i in top}, tokenizer.count(text), text)
 
 
 def _answer(reader: Any, questions: Sequence[Question], rows: dict[str, list[dict[str, Any]]],

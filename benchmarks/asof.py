@@ -1,0 +1,196 @@
+"""Point-in-time benchmark: ``as_of`` queries on every MIMIC-IV demo patient, loaded with every table.
+
+Each patient is replayed through the write-path stages (all tables: admissions to ICU events, ~300k entries for the
+100 demo patients; kept in ``--replay-dir`` and reused when it is there). Then, per patient, ``--samples`` clinical
+times are drawn (seeded) from the times the patient's record changes, and at each one:
+
+- **the read path answers** a question asked at that time through ``as_of`` (``QueryService.packet``: the
+  patient's timeline viewed at T), about a lab item, an order or the latest admission of the patient, in turn;
+  its latency is recorded (``cold``: the patient's first query, which reads the timeline from Redis and its
+  vectors; ``warm``: the rest) and any failure counted;
+- **the state it answers from agrees with the log**: the timeline's view at T is compared, memory by memory
+  (exists, store), with the state replayed from the transition log (:func:`stam.read.asof.state_at_time`, the
+  reference); disagreements are counted;
+- **the log replay's own cost** (what every ``as_of`` query paid before the timeline, on top of reading the
+  patient's partition of the transitions topic) is timed on the same points.
+
+Prints one JSON object: failures, disagreements, latency percentiles (all, cold, warm, and for the largest
+patients), the replay's cost, the query process's memory. Usage::
+
+    python -m benchmarks.asof [--replay-dir DIR] [--samples 20] [--patients N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+import traceback
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from schemas import Store
+from schemas.query import QueryRequest
+from stam.embedding import Embedder
+from stam.eval.state import replay_mimic
+from stam.read.asof import state_at_time
+from stam.read.gate import StoreGate
+from stam.read.service import QueryService
+from stam.read.tokens import load_tokenizer
+from stam.sources.mimic import TABLES
+from stam.stores.redis_cache import RedisVectorCache
+
+MIMIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mimic-iv-demo-2.2"
+
+
+def _log(msg: str) -> None:
+    print(f"[asof {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _pct(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    arr = np.asarray(values) * 1000
+    return {"p50_ms": round(float(np.percentile(arr, 50)), 2), "p95_ms": round(float(np.percentile(arr, 95)), 2),
+            "p99_ms": round(float(np.percentile(arr, 99)), 2), "max_ms": round(float(arr.max()), 2), "n": len(values)}
+
+
+def _rss_mb() -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        return None
+    return None
+
+
+def _questions(run: Any, pid: str) -> list[str]:
+    """A few questions a clinician would ask of this patient: its most frequent lab items, an order, admissions."""
+    labs: dict[str, int] = {}
+    drugs: dict[str, int] = {}
+    for e in run.entries[pid]:
+        if e.entry_id.startswith("mimic-iv:labevents:") and e.codes and e.codes[0].display:
+            labs[e.codes[0].display] = labs.get(e.codes[0].display, 0) + 1
+        elif e.entry_id.startswith("mimic-iv:pharmacy:") and len(e.codes) > 1 and e.codes[1].display:
+            drugs[e.codes[1].display] = drugs.get(e.codes[1].display, 0) + 1
+    out = [f"What is the most recent {name} value?" for name, _ in sorted(labs.items(), key=lambda x: -x[1])[:3]]
+    out += [f"Is {name} an active medication order?" for name, _ in sorted(drugs.items(), key=lambda x: -x[1])[:2]]
+    out += ["Which active medication order was started most recently?", "What is the current hospital admission?"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mimic", default=str(MIMIC))
+    ap.add_argument("--replay-dir", default=".stam/bench/mimic-all", help="kept replay (made when missing)")
+    ap.add_argument("--samples", type=int, default=20, help="clinical times per patient")
+    ap.add_argument("--patients", type=int, default=0, help="first N patients (0: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference", action="store_true", default=True,
+                    help="compare with the log replay at every point (default on)")
+    ap.add_argument("--no-reference", dest="reference", action="store_false")
+    args = ap.parse_args(argv)
+
+    embedder = Embedder()
+    started = time.perf_counter()
+    workdir = Path(args.replay_dir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    _log(f"replay (or reuse) of every patient with every table in {workdir}")
+    run = replay_mimic(Path(args.mimic), subjects=None, tables=TABLES, variant="stam", workdir=workdir,
+                       embedder=embedder, keep=True,
+                       progress=lambda n: _log(f"{n} entries") if n % 20000 < 256 else None)
+    replay_s = time.perf_counter() - started
+    patients = sorted(run.events, key=lambda p: (len(p), p))[: args.patients or None]
+    sizes = {p: len(run.entries[p]) for p in patients}
+    # The query process is not the writer: it starts with no concept vector of its own and finds them in the
+    # shared concept cache (Redis) the write path fills. Fill it as the write path would have.
+    cache = RedisVectorCache(run._client)
+    writer = Embedder(shared=cache)
+    texts = sorted({e.memory.embed_text for evs in run.events.values() for e in evs
+                    if e.memory is not None and e.memory.concept is not None and e.memory.embed_text})
+    t0 = time.perf_counter()
+    writer.embed_concepts(texts)
+    _log(f"{len(texts)} concept texts in the shared cache ({writer.shared_hits} already there, "
+         f"{time.perf_counter() - t0:.0f} s)")
+    reader_embedder = Embedder(shared=cache)
+    _log(f"{len(patients)} patients, {sum(sizes.values())} entries; querying")
+    svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=reader_embedder,
+                       tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate())
+    rng = random.Random(args.seed)
+    cold: list[float] = []
+    warm: list[float] = []
+    replay_cost: list[float] = []
+    per_patient: dict[str, list[float]] = {}
+    failures: list[dict[str, str]] = []
+    disagreements = checked_points = checked_memories = 0
+    examples: list[str] = []
+    rss_before = _rss_mb()
+    try:
+        for n, pid in enumerate(patients, start=1):
+            events = run.events[pid]
+            times = sorted({e.clinical_time for e in events if e.clinical_time is not None})
+            points = sorted(rng.sample(times, min(args.samples, len(times))))
+            questions = _questions(run, pid)
+            svc.cache.forget(pid)
+            lat: list[float] = []
+            for k, t in enumerate(points):
+                req = QueryRequest(request_id=f"{pid}-{k}", patient_id=pid, question=questions[k % len(questions)],
+                                   as_of=t)
+                t0 = time.perf_counter()
+                try:
+                    svc.packet(req)
+                except Exception as exc:
+                    failures.append({"patient": pid, "as_of": t.isoformat(), "question": req.question,
+                                     "error": f"{type(exc).__name__}: {exc}"[:300],
+                                     "where": traceback.format_exc(limit=-2)[-600:]})
+                    continue
+                dt = time.perf_counter() - t0
+                (cold if k == 0 else warm).append(dt)
+                lat.append(dt)
+                if args.reference:
+                    t0 = time.perf_counter()
+                    ref = state_at_time(pid, events, t)
+                    replay_cost.append(time.perf_counter() - t0)
+                    tl, _ = svc.timeline(pid)
+                    view = tl.view(t)
+                    got = {tl.ids[i]: Store.HISTORY if view.history[i] else Store.ACTIVE
+                           for i in np.flatnonzero(view.present)}
+                    want = {m: s.store for m, s in ref.memories.items()}
+                    checked_points += 1
+                    checked_memories += len(want)
+                    if got != want:
+                        disagreements += 1
+                        if len(examples) < 5:
+                            diff = sorted(m for m in set(got) | set(want) if got.get(m) != want.get(m))
+                            examples.append(f"{pid} at {t.isoformat()}: {len(diff)} memories differ, e.g. {diff[:3]}")
+            per_patient[pid] = lat
+            if n % 10 == 0:
+                _log(f"{n}/{len(patients)} patients, {len(failures)} failures, {disagreements} disagreements")
+    finally:
+        run.close()
+    largest = sorted(patients, key=lambda p: -sizes[p])[:5]
+    out: dict[str, Any] = {
+        "benchmark": "asof", "patients": len(patients), "entries": sum(sizes.values()),
+        "samples_per_patient": args.samples, "queries": len(cold) + len(warm) + len(failures),
+        "failures": len(failures), "failure_examples": failures[:5],
+        "agreement_with_log_replay": {"points": checked_points, "memories": checked_memories,
+                                      "points_disagreeing": disagreements, "examples": examples},
+        "latency": {"all": _pct(cold + warm), "cold_first_query_of_patient": _pct(cold), "warm": _pct(warm)},
+        "largest_patients": {p: {"entries": sizes[p], **_pct(per_patient.get(p, []))} for p in largest},
+        "log_replay_per_query": _pct(replay_cost),
+        "replay_seconds": round(replay_s, 1), "rss_mb": {"before_queries": rss_before, "after": _rss_mb()},
+        "timeline_cache_memories": svc.cache.memories(),
+        "measured_at": datetime.now().isoformat(timespec="seconds"),
+    }
+    print(json.dumps(out, indent=2))
+    return 0 if not failures and not disagreements else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
