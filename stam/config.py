@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from stam.read.gate import DEFAULT_THRESHOLD
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
@@ -89,7 +91,8 @@ class Settings(BaseSettings):
     query_web_host: str = Field(default="127.0.0.1", description="Bind address of the query HTTP endpoint")
     query_token: SecretStr | None = Field(
         default=None, description="Bearer token the query HTTP endpoint requires; unset: HTTP refuses to answer")
-    gate_threshold: float = Field(default=0.0, description="Store-gate margin threshold when no gate file exists")
+    gate_threshold: float = Field(default=DEFAULT_THRESHOLD, description="Store-gate margin threshold when no gate "
+                                  "file exists (the default was calibrated with `stam eval gate`, see stam/read/gate.py)")
     gate_file: Path | None = Field(default=None, description="Calibrated gate (stam gate calibrate); empty: "
                                    "<home>/gate.json")
     tokenizer: str = Field(default="", description="Tokenizer that counts packet tokens; empty: the "

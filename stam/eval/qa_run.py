@@ -218,7 +218,9 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
                 continue
             if q.patient_id not in chunk_cache:
                 chunks = _chunks(stam, q.patient_id)
-                vecs = embedder.embed([t for _, t in chunks]) if chunks else np.zeros((0, embedder.dim))
+                vecs = _chunk_vectors(embedder, [t for _, t in chunks],
+                                      workdir / "stam" / "chunk-vectors" / f"{q.patient_id}.npy" if keep_replay
+                                      else None)
                 chunk_cache[q.patient_id] = (chunks, vecs, tokenizer.count_many([_line(*c) for c in chunks]))
             chunks, vecs, counts = chunk_cache[q.patient_id]
             visible = [i for i, (e, _) in enumerate(chunks)
@@ -272,6 +274,26 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     if keep_rows:
         report["rows"] = {s: [{k: v for k, v in r.items() if k != "context"} for r in rows[s]] for s in systems}
     return report
+
+
+def _chunk_vectors(embedder: Any, texts: list[str], path: Path | None) -> np.ndarray:
+    """Flat RAG's chunk embeddings; kept beside a kept replay (a patient with every table has thousands of entries,
+    minutes to embed here), and used again only for the same texts."""
+    import hashlib
+
+    if not texts:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    digest = hashlib.sha256("\x1e".join([embedder.model_name, *texts]).encode()).hexdigest()[:16]
+    if path is not None:
+        cached = path.with_name(f"{path.stem}-{digest}.npy")
+        if cached.is_file():
+            loaded: np.ndarray = np.load(cached)
+            return loaded
+    vecs: np.ndarray = embedder.embed(texts)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(cached, vecs)
+    return vecs
 
 
 def _append_only_memories(run: Replayed, pid: str, embedder: Any) -> _Memories:

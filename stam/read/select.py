@@ -390,7 +390,10 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
         th = int(idx.seg_thread[k])
         ms = idx.members[th]
         pick = Pick(thread=th, score=0.0)
-        _fill(tl, view, ms[view.present[ms]], Intent(kind=intent.kind), pick, False, 0)
+        live = ms[view.present[ms]]
+        # Started / active: each order as it stands (its current version); stopped: the order and how it ended.
+        _fill(tl, view, live[~view.history[live]] if intent.kind != "stopped" else live, Intent(kind=intent.kind),
+              pick, False, 0)
         picks.append(pick)
     if not segs.size or intent.kind == "active":
         return Selection(picks, [], [])
@@ -408,9 +411,9 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
     shown = _time(top_t)
     listed = " / ".join(sorted(names))
     if intent.kind == "started":
-        text = f"active medication order started most recently: {listed} (started {shown})"
+        text = f"active medication order started most recently (started {shown}): {listed}"
     else:
-        text = f"medication order discontinued or changed most recently: {listed} (at {shown})"
+        text = f"medication order discontinued or changed most recently (at {shown}): {listed}"
     return Selection(picks, [Fact(intent.kind, text, tuple(dict.fromkeys(cited)))], [])
 
 
@@ -454,7 +457,7 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         window = by("window", "current", "latest")
         if len(window) >= MAX_WINDOW:
             return None  # more than were listed: the count would not be checkable against the packet
-        return Fact(kind, f"{name}: {len(window)} recorded{upto}", tuple(tl.ids[i] for i in window))
+        return Fact(kind, f"{name}, number of results recorded{upto}: {len(window)}", tuple(tl.ids[i] for i in window))
     if not cur:
         return None
     cur_v = _one_value(tl, cur)
@@ -466,15 +469,15 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         prev_v = _one_value(tl, prev) if prev else None
         if prev_v is None:
             return None
-        text = f"{name}: value before the most recent: {prev_v} at {_at(tl, prev[0])} (most recent: {cur_v} at " \
-               f"{_at(tl, cur[0])})"
+        text = f"{name}, value before the most recent one (at {_at(tl, prev[0])}; the most recent is {cur_v} at " \
+               f"{_at(tl, cur[0])}): {prev_v}"
         cited += prev
     elif kind == "first":
         first = by("first")
         first_v = _one_value(tl, first) if first else None
         if first_v is None:
             return None
-        text = f"{name}: first value: {first_v} at {_at(tl, first[0])}"
+        text = f"{name}, first value (at {_at(tl, first[0])}): {first_v}"
         cited = first
     elif kind in ("highest", "lowest"):
         # The extreme keeps the current value's role when the current value is it.
@@ -486,22 +489,24 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         if ext_v is None:
             return None
         times = f"at {_at(tl, ext[0])}" if len(ext) == 1 else f"{len(ext)} times, the latest at {_at(tl, ext[0])}"
-        text = f"{name}: {kind} value: {ext_v} ({times})"
+        text = f"{name}, {kind} value ({times}): {ext_v}"
         cited = ext
     elif kind == "change":
         first = by("first")
         first_v = _one_value(tl, first) if first else None
         if first_v is None:
             return None
-        text = f"{name}: from {first_v} at {_at(tl, first[0])} to {cur_v} at {_at(tl, cur[0])}"
+        change = ""
         if tl.unit[first[0]] == tl.unit[cur[0]]:
             delta = tl.value[cur[0]] - tl.value[first[0]]
             unit = tl.unit[cur[0]]
-            text += f" (change {delta:+.4g}{' ' + unit if unit else ''})"
+            change = f"; change {delta:+.4g}{' ' + unit if unit else ''}"
+        text = f"{name}, from the first value (at {_at(tl, first[0])}) to the most recent (at {_at(tl, cur[0])}" \
+               f"{change}): {first_v} to {cur_v}"
         cited = first + cited
     else:
         label = "most recent value" if roles.get(cur[0]) == "current" else "last value recorded"
-        text = f"{name}: {label}: {cur_v} at {_at(tl, cur[0])}"
+        text = f"{name}, {label} (at {_at(tl, cur[0])}): {cur_v}"
     return Fact(kind, text, tuple(dict.fromkeys(tl.ids[i] for i in cited)))
 
 
@@ -519,11 +524,12 @@ def _order_fact(tl: Timeline, view: View, picks: Sequence[Pick], intent: Intent,
         active = [i for i in orders if not view.history[i]]
         if active:
             latest = max(active, key=lambda i: tl.t_start[i])
-            return Fact("active", f"{name}: an order is active{upto} (started {_at(tl, latest)})", (tl.ids[latest],))
+            return Fact("active", f"{name}, an order active{upto} (one started {_at(tl, latest)}): yes",
+                        (tl.ids[latest],))
         last = max(orders, key=lambda i: _end_time(tl, i))
         why = f", {tl.reason[last]}" if tl.reason[last] else ""
-        return Fact("active", f"{name}: no active order{upto} (the last one ended {_time(_end_time(tl, last))}"
-                    f"{why})", (tl.ids[last],))
+        return Fact("active", f"{name}, an order active{upto} (the last one ended {_time(_end_time(tl, last))}"
+                    f"{why}): no", (tl.ids[last],))
     if intent.kind == "changed_into":
         changed = [i for i in orders if view.history[i] and tl.reason[i] == "superseded" and tl.succ[i] >= 0
                    and tl.source[int(tl.succ[i])] != tl.source[i]]
@@ -540,17 +546,17 @@ def _order_fact(tl: Timeline, view: View, picks: Sequence[Pick], intent: Intent,
         into = f"{tl.display[j]} {tl.dosage[dosed]}" if dosed is not None else tl.display[j]
         was = f" {tl.dosage[i]}" if tl.dosage[i] else ""
         cited = (tl.ids[i], tl.ids[j]) + ((tl.ids[dosed],) if dosed is not None else ())
-        return Fact("changed_into", f"the {tl.display[i]}{was} order of {_at(tl, i)} was changed into: {into} "
-                    f"(ordered {_at(tl, j)})", cited)
+        return Fact("changed_into", f"the {tl.display[i]}{was} order of {_at(tl, i)} was changed (at {_at(tl, j)}) "
+                    f"into: {into}", cited)
     if intent.kind == "started":
         active = [i for i in orders if not view.history[i]]
         if not active:
             return None
         latest = max(active, key=lambda i: tl.t_start[i])
-        return Fact("started", f"{name}: current order started {_at(tl, latest)}", (tl.ids[latest],))
+        return Fact("started", f"{name}, current order started: {_at(tl, latest)}", (tl.ids[latest],))
     ended = [i for i in orders if discontinued(tl, view, i)]
     if not ended:
         return None
     last = max(ended, key=lambda i: _end_time(tl, i))
-    return Fact("stopped", f"{name}: last discontinued or changed {_time(_end_time(tl, last))} "
-                f"({tl.reason[last]})", (tl.ids[last],))
+    return Fact("stopped", f"{name}, last discontinued or changed ({tl.reason[last]}): {_time(_end_time(tl, last))}",
+                (tl.ids[last],))

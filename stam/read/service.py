@@ -133,8 +133,12 @@ class QueryService:
         got = self.cache.get(patient_id, version)
         if got is not None:
             return got
-        version, raw = self.states.records(patient_id)
-        tl = Timeline.from_records(patient_id, version, raw)
+        got_rows = self.states.timeline_rows(patient_id)
+        if got_rows is not None:
+            tl = Timeline.from_rows(patient_id, *got_rows)
+        else:
+            version, raw = self.states.records(patient_id)
+            tl = Timeline.from_records(patient_id, version, raw)
         self._attach_vectors(tl)
         idx = ThreadIndex.build(tl)
         self.cache.put(tl, idx)

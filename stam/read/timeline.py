@@ -29,6 +29,7 @@ give any past state without re-reading the log. Times are seconds since the epoc
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ import orjson
 from schemas import Store, StoredMemory
 from schemas.query import Visibility
 from stam.errors import IsolationBreach
+from stam.stores.rows import row_of
 
 ACTIVE, ARCHIVED, PLACED = 0, 1, 2
 """Memory kinds: never archived; archived by later evidence; added straight to HISTORY."""
@@ -52,14 +54,12 @@ def epoch(t: datetime | None) -> float:
     return t.timestamp() if t is not None else _NEG
 
 
-def _epoch_iso(value: str | None) -> float:
-    if not value:
-        return _NEG
-    return datetime.fromisoformat(value).timestamp()
-
-
 def from_epoch(x: float) -> datetime | None:
     return datetime.fromtimestamp(x, UTC) if np.isfinite(x) else None
+
+
+def _intern(text: str | None) -> Any:
+    return sys.intern(text) if text is not None else None
 
 
 def resource_type(source_ref: str | None) -> str:
@@ -128,49 +128,57 @@ class Timeline:
     # --- building ---------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_records(cls, patient_id: str, version: int, raw: Iterable[bytes | str]) -> Timeline:
+    def from_records(cls, patient_id: str, version: int, raw: Sequence[bytes]) -> Timeline:
         """From stored memory records as JSON (the Redis hash values); parsed without full validation, for speed:
         they were validated when written."""
-        return cls._build(patient_id, version, [orjson.loads(r) for r in raw])
+        recs: list[dict[str, Any]] = orjson.loads(b"[" + b",".join(raw) + b"]") if raw else []
+        return cls.from_rows(patient_id, version, [row_of(r) for r in recs])
 
     @classmethod
     def from_stored(cls, patient_id: str, version: int, stored: Iterable[StoredMemory]) -> Timeline:
-        return cls._build(patient_id, version, [s.model_dump(mode="json") for s in stored])
+        return cls.from_rows(patient_id, version, [row_of(s.model_dump(mode="json")) for s in stored])
 
     @classmethod
-    def _build(cls, patient_id: str, version: int, recs: list[dict[str, Any]]) -> Timeline:
-        recs.sort(key=lambda r: (_epoch_iso(r["memory"].get("effective_start")), r["memory"]["memory_id"]))
-        n = len(recs)
-        ids = [r["memory"]["memory_id"] for r in recs]
+    def from_rows(cls, patient_id: str, version: int, rows_in: Sequence[Sequence[Any]]) -> Timeline:
+        """From timeline rows (:mod:`stam.stores.rows`, what the state store keeps beside each record)."""
+        neg = _NEG
+        rows = []
+        for (mid, pid, entry, position, category_, src, concept_, display_, unit_, dosage_, value_, start, end,
+             in_hist, evidence_, successor_, reason_, embed_key) in rows_in:  # one pass: every field it keeps
+            if pid != patient_id:
+                raise IsolationBreach(f"memory {mid} of another patient in this patient's records")
+            rows.append((neg if start is None else start, mid, neg if end is None else end, in_hist, evidence_,
+                         successor_, reason_, entry, _intern(category_), src, _intern(resource_type(src)),
+                         _intern(concept_), _intern(display_), _intern(unit_), _intern(dosage_), value_, embed_key,
+                         f"{src}#{position}" if src else None))
+        rows.sort(key=lambda x: (x[0], x[1]))
+        n = len(rows)
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 18
+        (starts_l, ids_t, ends_l, in_hist, evidence, successor, reasons, entry_ids, category, source_t, resource,
+         concept_t, display, unit, dosage, values, embed_keys, positions) = cols
+        ids = list(ids_t)
         index = {m: i for i, m in enumerate(ids)}
-        mems = [r["memory"] for r in recs]
-        for m in mems:
-            if m["patient_id"] != patient_id:
-                raise IsolationBreach(f"memory {m['memory_id']} of another patient in this patient's records")
-        t_start = np.fromiter((_epoch_iso(m.get("effective_start")) for m in mems), dtype=np.float64, count=n)
-        t_end = np.fromiter((_epoch_iso(m.get("effective_end")) for m in mems), dtype=np.float64, count=n)
-        placed_h = np.fromiter((r["store"] == Store.HISTORY.value and r.get("evidence_id") is None for r in recs),
-                               dtype=bool, count=n)
+        source: list[str | None] = list(source_t)
+        concept: list[str | None] = list(concept_t)
+        t_start = np.fromiter(starts_l, dtype=np.float64, count=n)
+        t_end = np.fromiter(ends_l, dtype=np.float64, count=n)
+        hist = np.fromiter(in_hist, dtype=bool, count=n)
+        placed_h = hist & np.fromiter((e is None for e in evidence), dtype=bool, count=n)
         # Evidence time (see stam.read.asof.evidence_time): an ended fact's end, a current fact's start.
         t_add = np.where(placed_h, np.where(np.isfinite(t_end), t_end, t_start),
                          np.where(np.isfinite(t_start), t_start, t_end))
-        value = np.fromiter((np.nan if m.get("value") is None else float(m["value"]) for m in mems),
-                            dtype=np.float64, count=n)
+        value = np.fromiter((np.nan if v is None else float(v) for v in values), dtype=np.float64, count=n)
         kind = np.zeros(n, dtype=np.int8)
         succ = np.full(n, NO_SUCCESSOR, dtype=np.int32)
         evid = np.full(n, NO_SUCCESSOR, dtype=np.int32)
         t_ended = np.full(n, np.inf)
         reason: list[str | None] = [None] * n
-        source = [m.get("source_ref") for m in mems]
         covered = np.zeros(n, dtype=bool)
-        for i, r in enumerate(recs):
-            if r["store"] != Store.HISTORY.value:
-                continue
-            reason[i] = r.get("reason")
-            s = r.get("successor_id")
-            if s:
-                succ[i] = index.get(s, UNKNOWN_SUCCESSOR)
-            e = r.get("evidence_id")
+        for i in np.flatnonzero(hist).tolist():
+            reason[i] = reasons[i]
+            if successor[i]:
+                succ[i] = index.get(successor[i], UNKNOWN_SUCCESSOR)
+            e = evidence[i]
             if e is None:
                 kind[i] = PLACED
                 t_ended[i] = t_add[i]
@@ -184,21 +192,14 @@ class Timeline:
             t_ended[i] = t_add[j]
             if source[i] is not None and source[i] == source[j]:
                 covered[j] = True
-        concept = [f"{m['concept']['system']}|{m['concept']['code']}" if m.get("concept") else None for m in mems]
-        display = [((m.get("concept") or {}).get("display") or m["text"]) for m in mems]
-        embed_keys = [f"c:{m['embed_text']}" if m.get("concept") and m.get("embed_text") else f"m:{m['memory_id']}"
-                      for m in mems]
-        tl = cls(patient_id=patient_id, version=version, ids=ids, entry_ids=[m["entry_id"] for m in mems],
-                 category=[m["category"] for m in mems], source=source, resource=[resource_type(s) for s in source],
-                 concept=concept, display=display, unit=[m.get("unit") for m in mems],
-                 dosage=[m.get("dosage") for m in mems], value=value, t_start=t_start, t_end=t_end,
-                 t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid, covered=covered, reason=reason,
-                 thread=np.zeros(n, dtype=np.int32), embed_keys=embed_keys, index=index)
         # Versions of one source resource join a thread position by position (a panel's components are
         # different concepts of one resource and stay apart).
-        tl.thread = threads(concept, [f"{src}#{m['position']}" if src else None for src, m in zip(source, mems,
-                                                                                                  strict=True)], succ)
-        return tl
+        return cls(patient_id=patient_id, version=version, ids=ids, entry_ids=list(entry_ids),
+                   category=list(category), source=source, resource=list(resource), concept=concept,
+                   display=list(display), unit=list(unit), dosage=list(dosage), value=value, t_start=t_start,
+                   t_end=t_end, t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid, covered=covered,
+                   reason=reason, thread=threads(concept, list(positions), succ), embed_keys=list(embed_keys),
+                   index=index)
 
     def attach_vectors(self, keys: Sequence[str], matrix: np.ndarray) -> None:
         """Distinct vectors by embed key (rows of ``matrix``, in the order of ``keys``); normalised here."""

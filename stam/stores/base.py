@@ -6,6 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +114,11 @@ class StateStore(ABC):
         """Stored records of some memories of one patient (the read path fetches only what it serves)."""
         state = self.load(patient_id)
         return {m: s for m in memory_ids if (s := state.get(m)) is not None}
+
+    def timeline_rows(self, patient_id: str) -> tuple[int, list[list[Any]]] | None:
+        """The patient's version and the timeline row of every memory (:mod:`stam.stores.rows`), read together;
+        None when the store keeps no rows for this patient (then :meth:`records` serves)."""
+        return None
 
     def records(self, patient_id: str) -> tuple[int, list[bytes]]:
         """The patient's version and every memory record as JSON, read together (the read path's timeline)."""

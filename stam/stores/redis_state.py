@@ -20,12 +20,14 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from threading import Lock
+from typing import Any
 
 import redis
 
 from schemas import StoredMemory
 from stam.errors import ConcurrentUpdate
 from stam.state import PatientState
+from stam.stores import rows
 from stam.stores.base import Commit, StateStore
 from stam.stores.redis_cache import as_bytes
 
@@ -100,6 +102,7 @@ class RedisStateStore(StateStore):
                     if c.changed:
                         pipe.hset(self._key(pid, "mem"), mapping={
                             s.memory.memory_id: s.model_dump_json() for s in c.changed})
+                        pipe.hset(self._key(pid, "tl"), mapping={s.memory.memory_id: rows.encode(s) for s in c.changed})
                     if c.sources:
                         pipe.hset(self._key(pid, "src"), mapping={k: v for k, v in c.sources.items()})
                     for entry_id, outbox in c.outboxes.items():
@@ -145,6 +148,17 @@ class RedisStateStore(StateStore):
             return {}
         raw = self._r.hmget(self._key(patient_id, "mem"), list(memory_ids))
         return {m: StoredMemory.model_validate_json(r) for m, r in zip(memory_ids, raw, strict=True) if r is not None}
+
+    def timeline_rows(self, patient_id: str) -> tuple[int, list[list[Any]]] | None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.get(self._key(patient_id, "ver"))
+        pipe.hlen(self._key(patient_id, "mem"))
+        pipe.hvals(self._key(patient_id, "tl"))
+        ver, n_records, raw = pipe.execute()
+        if len(raw) != n_records:  # records written before rows were kept: the caller reads the records
+            return None
+        decoded = rows.decode_many([r if isinstance(r, bytes) else r.encode() for r in raw])
+        return (int(ver or 0), decoded) if decoded is not None else None
 
     def records(self, patient_id: str) -> tuple[int, list[bytes]]:
         pipe = self._r.pipeline(transaction=True)

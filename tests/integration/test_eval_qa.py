@@ -1,6 +1,7 @@
-"""`stam eval qa` end to end on one real MIMIC-IV patient: the STAM and append-only replays on real stores,
-flat RAG and full context over the same entries, a real reader (the packaged Qwen2.5-Coder-0.5B through
-llama.cpp in process) answering from every system's context, and STAM at a comparator's median context."""
+"""`stam eval qa` end to end on one real MIMIC-IV patient loaded with every table: the STAM replay on real stores,
+append-only (the same memories, never ended) with and without STAM's read path, flat RAG and full context over the
+same entries, a real reader (the packaged Qwen2.5-Coder-0.5B through llama.cpp in process) answering from every
+system's context, and STAM at a comparator's median context."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[
 
     report, questions, reader = run
     assert report["reader"] == "qwen2.5-coder-0.5b-instruct-q4_k_m"
-    systems = {"stam", "stam-both", "append-only", "flat-rag", "full-context", "stam@flat-rag"}
+    systems = {"stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context", "stam@flat-rag"}
     assert set(report["systems"]) == systems
     best = 0.0
     for name in systems:
@@ -61,6 +62,8 @@ def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[
     assert 0 < reader.usage["calls"] <= len(distinct)
     paired = report["paired_vs_stam"]["append-only"]
     assert {"mcnemar_em", "bootstrap_f1", "sign_flip_f1", "mcnemar_all_evidence"} <= set(paired)
+    assert report["stale_current_items"]["stam"] == 0  # nothing the rows say was replaced is served as current
+    assert report["systems"]["stam"]["evidence_recall"] == 1.0
 
 
 def test_context_matching_runs_stam_at_the_comparators_median(run: tuple[dict[str, Any], list[Any], Any]) -> None:

@@ -67,7 +67,7 @@ def test_current_question_gets_only_the_current_fact_as_current(loaded: Any) -> 
     assert "- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]" in p.rendered
     assert "earlier" not in p.rendered.split("\n")[2]
     (fact,) = p.facts
-    assert fact.text == "Body Height: most recent value: 87.8171 cm at 1941-03-15 07:44"
+    assert fact.text == "Body Height, most recent value (at 1941-03-15 07:44): 87.8171 cm"  # the answer last
     assert fact.memory_ids == (h.memory_id,) and "Computed from the record: " + fact.text in p.rendered
     assert p.tokens > 0 and p.tokenizer == "all-MiniLM-L6-v2"
 
@@ -90,7 +90,8 @@ def test_a_hit_brings_the_thread_in_clinical_order(loaded: Any, small_bundle: An
     assert line.startswith("- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]; earlier: 83.211 cm at ")
     assert "replaced by" not in p.rendered and line.count("Body Height") == 1  # the successor is not repeated
     (fact,) = p.facts
-    assert fact.text.startswith("Body Height: from 48.0211 cm at 1938-04-09 07:44 to 87.8171 cm at 1941-03-15")
+    assert fact.text == ("Body Height, from the first value (at 1938-04-09 07:44) to the most recent (at 1941-03-15 "
+                         "07:44; change +39.8 cm): 48.0211 cm to 87.8171 cm")
 
 
 @pytest.mark.parametrize(("question", "role", "value"), [
@@ -111,7 +112,7 @@ def test_count_and_a_time_window(loaded: Any, small_bundle: Any) -> None:
     deps, _ = loaded
     measured = [e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"]
     p = ask(service(deps), "How many body height measurements were recorded?").packet
-    assert p.facts[0].text.startswith(f"Body Height: {len(measured)} recorded")
+    assert p.facts[0].text == f"Body Height, number of results recorded: {len(measured)}"
     in_1939 = [e for e in measured if e.effective_at.year == 1939]
     p = ask(service(deps), "What were the body heights in 1939?").packet
     assert {h.source_entry_id for h in heights(p, deps)} == {e.entry_id for e in in_1939}
@@ -215,3 +216,19 @@ def test_gate_calibration_on_a_labelled_set_from_real_state(loaded: Any, tmp_pat
     ended = next(i for i in items if i["kind"] == "ended")
     p = ask(gated, ended["question"]).packet  # e.g. "Does the patient have Diazepam ...?"
     assert p.gate.serve_history and ended["evidence"][0] in {i.source_entry_id for i in p.items}
+
+
+def test_timeline_rows_kept_beside_the_records_give_the_same_timeline(loaded: Any) -> None:
+    import numpy as np
+
+    from stam.read.timeline import Timeline
+
+    deps, _ = loaded
+    got = deps.states.timeline_rows(SMALL_PATIENT)
+    assert got is not None  # written with every commit
+    version, raw = deps.states.records(SMALL_PATIENT)
+    fast, full = Timeline.from_rows(SMALL_PATIENT, *got), Timeline.from_records(SMALL_PATIENT, version, raw)
+    assert fast.ids == full.ids and fast.version == full.version > 0
+    for name in ("t_start", "t_end", "t_add", "t_ended", "kind", "succ", "evid", "covered", "thread"):
+        assert np.array_equal(getattr(fast, name), getattr(full, name)), name
+    assert fast.display == full.display and fast.reason == full.reason and fast.embed_keys == full.embed_keys
