@@ -101,6 +101,9 @@ class AppendOnlyStates:
     def version(self, patient_id: str) -> int:
         return int(self._states.version(patient_id))
 
+    def timeline_rows(self, patient_id: str) -> None:
+        return None  # the records, flattened, are what it reads
+
     def records(self, patient_id: str) -> tuple[int, list[bytes]]:
         version, raw = self._states.records(patient_id)
         return version, [self._flat(StoredMemory.model_validate_json(r)).model_dump_json().encode() for r in raw]

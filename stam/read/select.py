@@ -391,9 +391,12 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
         ms = idx.members[th]
         pick = Pick(thread=th, score=0.0)
         live = ms[view.present[ms]]
-        # Started / active: each order as it stands (its current version); stopped: the order and how it ended.
-        _fill(tl, view, live[~view.history[live]] if intent.kind != "stopped" else live, Intent(kind=intent.kind),
-              pick, False, 0)
+        if intent.kind != "stopped":
+            # Started / active: the orders that are current, with their versions (a pharmacy start a later POE
+            # row of the same order replaced); not the earlier orders of the lineage that ended.
+            current = {tl.source[int(i)] for i in live if not view.history[i]}
+            live = live[np.fromiter((tl.source[int(i)] in current for i in live), dtype=bool, count=live.size)]
+        _fill(tl, view, live, Intent(kind=intent.kind), pick, False, 0)
         picks.append(pick)
     if not segs.size or intent.kind == "active":
         return Selection(picks, [], [])
