@@ -49,11 +49,15 @@ class SlowEmbedder:
         time.sleep(SLOW_S)
         return np.asarray(self.inner.embed(texts))
 
+    def embed_concepts(self, texts: Any) -> np.ndarray:
+        time.sleep(SLOW_S)
+        return np.asarray(self.inner.embed_concepts(texts))
+
 
 def _service(deps: Any, *, embedder: Any = None, threads: int = 2) -> QueryService:
     return QueryService(states=deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,
                         tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate(0.0),
-                        projection=VectorProjection(deps.vectors), threads=threads)
+                        threads=threads)
 
 
 def _req(n: int = 1) -> QueryRequest:
