@@ -30,6 +30,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -69,6 +70,7 @@ SALT_WORDS = frozenset({
 Sodium" is what a clinician calls heparin; "Sodium Chloride" keeps both words)."""
 
 
+@lru_cache(maxsize=65536)
 def name_words(display: str) -> tuple[frozenset[str], frozenset[str]]:
     """(all words, core words) of a concept name; the core is what precedes a parenthesis, colon, semicolon or
     comma, without salt words after the first word ("Potassium (Blood)" -> {potassium}, "Heparin Sodium" ->

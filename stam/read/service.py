@@ -27,10 +27,12 @@ fails is answered, never raised: ``ok=false`` with an ``error_kind`` (see :mod:`
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from threading import Lock
 
@@ -133,14 +135,15 @@ class QueryService:
         got = self.cache.get(patient_id, version)
         if got is not None:
             return got
-        got_rows = self.states.timeline_rows(patient_id)
-        if got_rows is not None:
-            tl = Timeline.from_rows(patient_id, *got_rows)
-        else:
-            version, raw = self.states.records(patient_id)
-            tl = Timeline.from_records(patient_id, version, raw)
-        self._attach_vectors(tl)
-        idx = ThreadIndex.build(tl)
+        with _collector_paused():
+            got_rows = self.states.timeline_rows(patient_id)
+            if got_rows is not None:
+                tl = Timeline.from_rows(patient_id, *got_rows)
+            else:
+                version, raw = self.states.records(patient_id)
+                tl = Timeline.from_records(patient_id, version, raw)
+            self._attach_vectors(tl)
+            idx = ThreadIndex.build(tl)
         self.cache.put(tl, idx)
         return tl, idx
 
@@ -306,6 +309,31 @@ class QueryService:
         return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=True, packet=packet,
                            answer=text, reader=reader, note=note, answered_at=datetime.now(UTC),
                            latency_ms=_ms(started))
+
+
+_gc_lock = Lock()
+_gc_paused = 0
+_gc_was_enabled = False
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused while a timeline is built: reading a patient allocates ~10 objects
+    per memory, which triggers full collections over every timeline the process keeps (0.35 s at a 20,000-memory
+    patient, measured; 0.06 s without). Nothing built here forms cycles; threads building at once share the pause."""
+    global _gc_paused, _gc_was_enabled
+    with _gc_lock:
+        if _gc_paused == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_paused += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_paused -= 1
+            if _gc_paused == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def _short(s: StoredMemory) -> str:

@@ -58,10 +58,6 @@ def from_epoch(x: float) -> datetime | None:
     return datetime.fromtimestamp(x, UTC) if np.isfinite(x) else None
 
 
-def _intern(text: str | None) -> Any:
-    return sys.intern(text) if text is not None else None
-
-
 def resource_type(source_ref: str | None) -> str:
     """``MedicationRequest/poe-1`` -> ``MedicationRequest`` ("" when there is none)."""
     return source_ref.split("/", 1)[0] if source_ref else ""
@@ -140,66 +136,87 @@ class Timeline:
 
     @classmethod
     def from_rows(cls, patient_id: str, version: int, rows_in: Sequence[Sequence[Any]]) -> Timeline:
-        """From timeline rows (:mod:`stam.stores.rows`, what the state store keeps beside each record)."""
-        neg = _NEG
-        rows = []
-        for (mid, pid, entry, position, category_, src, concept_, display_, unit_, dosage_, value_, start, end,
-             in_hist, evidence_, successor_, reason_, embed_key) in rows_in:  # one pass: every field it keeps
-            if pid != patient_id:
-                raise IsolationBreach(f"memory {mid} of another patient in this patient's records")
-            rows.append((neg if start is None else start, mid, neg if end is None else end, in_hist, evidence_,
-                         successor_, reason_, entry, _intern(category_), src, _intern(resource_type(src)),
-                         _intern(concept_), _intern(display_), _intern(unit_), _intern(dosage_), value_, embed_key,
-                         f"{src}#{position}" if src else None))
-        rows.sort(key=lambda x: (x[0], x[1]))
-        n = len(rows)
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 18
-        (starts_l, ids_t, ends_l, in_hist, evidence, successor, reasons, entry_ids, category, source_t, resource,
-         concept_t, display, unit, dosage, values, embed_keys, positions) = cols
-        ids = list(ids_t)
-        index = {m: i for i, m in enumerate(ids)}
-        source: list[str | None] = list(source_t)
-        concept: list[str | None] = list(concept_t)
-        t_start = np.fromiter(starts_l, dtype=np.float64, count=n)
-        t_end = np.fromiter(ends_l, dtype=np.float64, count=n)
-        hist = np.fromiter(in_hist, dtype=bool, count=n)
-        placed_h = hist & np.fromiter((e is None for e in evidence), dtype=bool, count=n)
+        """From timeline rows (:mod:`stam.stores.rows`, what the state store keeps beside each record). Column
+        by column (a patient of 20,000 memories is read at a first query: it must be quick)."""
+        n = len(rows_in)
+        if n == 0:
+            return cls._empty(patient_id, version)
+        (mids, pids, entries, positions_in, categories, sources, concepts, displays, units, dosages, values, starts,
+         ends, in_hists, evidences, successors, reasons_in, embed_keys_in) = zip(*rows_in, strict=True)
+        if any(p != patient_id for p in pids):
+            other = next(m for m, p in zip(mids, pids, strict=True) if p != patient_id)
+            raise IsolationBreach(f"memory {other} of another patient in this patient's records")
+        t_start_in = np.array([_NEG if t is None else t for t in starts], dtype=np.float64)
+        # Clinical order (start, then memory id): the order every thread and view relies on.
+        take = np.lexsort((np.array(mids), t_start_in)).tolist()
+
+        def col(values_in: Sequence[Any]) -> list[Any]:
+            return [values_in[i] for i in take]
+
+        def interned(values_in: Sequence[Any]) -> list[Any]:
+            table = {v: sys.intern(v) for v in set(values_in) if v is not None}
+            return [table.get(values_in[i]) for i in take]
+
+        ids = col(mids)
+        index = dict(zip(ids, range(n), strict=True))
+        source: list[str | None] = col(sources)
+        resource_of = {s: sys.intern(resource_type(s)) for s in set(sources)}
+        resource = [resource_of[s] for s in source]
+        concept: list[str | None] = interned(concepts)
+        t_start = t_start_in[take]
+        t_end = np.array([_NEG if ends[i] is None else ends[i] for i in take], dtype=np.float64)
+        hist = np.array([in_hists[i] for i in take], dtype=bool)
+        evidence = col(evidences)
+        has_evidence = np.array([e is not None for e in evidence], dtype=bool)
+        placed = hist & ~has_evidence
         # Evidence time (see stam.read.asof.evidence_time): an ended fact's end, a current fact's start.
-        t_add = np.where(placed_h, np.where(np.isfinite(t_end), t_end, t_start),
+        t_add = np.where(placed, np.where(np.isfinite(t_end), t_end, t_start),
                          np.where(np.isfinite(t_start), t_start, t_end))
-        value = np.fromiter((np.nan if v is None else float(v) for v in values), dtype=np.float64, count=n)
+        value = np.array([np.nan if values[i] is None else float(values[i]) for i in take], dtype=np.float64)
         kind = np.zeros(n, dtype=np.int8)
+        kind[placed] = PLACED
+        archived = hist & has_evidence
+        kind[archived] = ARCHIVED
         succ = np.full(n, NO_SUCCESSOR, dtype=np.int32)
-        evid = np.full(n, NO_SUCCESSOR, dtype=np.int32)
-        t_ended = np.full(n, np.inf)
-        reason: list[str | None] = [None] * n
-        covered = np.zeros(n, dtype=bool)
+        successor = col(successors)
         for i in np.flatnonzero(hist).tolist():
-            reason[i] = reasons[i]
             if successor[i]:
                 succ[i] = index.get(successor[i], UNKNOWN_SUCCESSOR)
-            e = evidence[i]
-            if e is None:
-                kind[i] = PLACED
-                t_ended[i] = t_add[i]
-                continue
-            kind[i] = ARCHIVED
-            j = index.get(e)
-            if j is None:
-                t_ended[i] = _NEG  # its evidence is gone from the record: ended at an unknown time, always
-                continue
-            evid[i] = j
-            t_ended[i] = t_add[j]
-            if source[i] is not None and source[i] == source[j]:
-                covered[j] = True
+        evid = np.full(n, NO_SUCCESSOR, dtype=np.int32)
+        arch = np.flatnonzero(archived)
+        evid[arch] = [index.get(evidence[i], NO_SUCCESSOR) for i in arch.tolist()]
+        t_ended = np.full(n, np.inf)
+        t_ended[placed] = t_add[placed]
+        known = archived & (evid >= 0)
+        t_ended[known] = t_add[evid[known]]
+        t_ended[archived & (evid < 0)] = _NEG  # its evidence is gone from the record: ended at an unknown time
+        # An archived version whose evidence is a later version of the same source resource (a pharmacy stop of
+        # its start) covers that evidence: the stop does not stand for the order inside its own interval.
+        src_code: dict[str | None, int] = {s: k for k, s in enumerate(set(source)) if s is not None}
+        codes = np.array([src_code.get(s, -1) for s in source], dtype=np.int64)
+        same = known.copy()
+        same[known] = (codes[known] >= 0) & (codes[known] == codes[evid[known]])
+        covered = np.zeros(n, dtype=bool)
+        covered[evid[same]] = True
+        reason: list[str | None] = [reasons_in[i] if h else None for i, h in zip(take, hist.tolist(), strict=True)]
         # Versions of one source resource join a thread position by position (a panel's components are
         # different concepts of one resource and stay apart).
-        return cls(patient_id=patient_id, version=version, ids=ids, entry_ids=list(entry_ids),
-                   category=list(category), source=source, resource=list(resource), concept=concept,
-                   display=list(display), unit=list(unit), dosage=list(dosage), value=value, t_start=t_start,
-                   t_end=t_end, t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid, covered=covered,
-                   reason=reason, thread=threads(concept, list(positions), succ), embed_keys=list(embed_keys),
-                   index=index)
+        positions = [f"{sources[i]}#{positions_in[i]}" if sources[i] else None for i in take]
+        return cls(patient_id=patient_id, version=version, ids=ids, entry_ids=col(entries),
+                   category=interned(categories), source=source, resource=resource, concept=concept,
+                   display=interned(displays), unit=interned(units), dosage=interned(dosages), value=value,
+                   t_start=t_start, t_end=t_end, t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid,
+                   covered=covered, reason=reason, thread=threads(concept, positions, succ),
+                   embed_keys=col(embed_keys_in), index=index)
+
+    @classmethod
+    def _empty(cls, patient_id: str, version: int) -> Timeline:
+        f = np.zeros(0, dtype=np.float64)
+        i32 = np.zeros(0, dtype=np.int32)
+        return cls(patient_id=patient_id, version=version, ids=[], entry_ids=[], category=[], source=[], resource=[],
+                   concept=[], display=[], unit=[], dosage=[], value=f, t_start=f, t_end=f, t_add=f,
+                   kind=np.zeros(0, dtype=np.int8), t_ended=f, succ=i32, evid=i32, covered=np.zeros(0, dtype=bool),
+                   reason=[], thread=i32, embed_keys=[], index={})
 
     def attach_vectors(self, keys: Sequence[str], matrix: np.ndarray) -> None:
         """Distinct vectors by embed key (rows of ``matrix``, in the order of ``keys``); normalised here."""
@@ -266,31 +283,38 @@ def threads(concept: Sequence[str | None], source: Sequence[str | None], succ: n
     Free-text memories have no code, so only their successor links join them. Returns a thread id per memory (the
     smallest index of its thread)."""
     n = len(concept)
-    parent = list(range(n))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    def union(a: int, b: int) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-
-    first: dict[str, int] = {}
-    for i in range(n):
-        keys = [f"c:{concept[i]}"] if concept[i] else []
-        if concept[i] and source[i]:
-            keys.append(f"s:{source[i]}")
-        for k in keys:
-            j = first.setdefault(k, i)
+    first_c: dict[str, int] = {}
+    first_s: dict[str, int] = {}
+    a: list[int] = []
+    b: list[int] = []
+    for i, (c, s) in enumerate(zip(concept, source, strict=True)):
+        if c:
+            j = first_c.setdefault(c, i)
             if j != i:
-                union(i, j)
-    for m in np.flatnonzero(succ >= 0):
-        union(int(m), int(succ[m]))
-    return np.fromiter((find(i) for i in range(n)), dtype=np.int32, count=n)
+                a.append(i)
+                b.append(j)
+            if s:
+                j = first_s.setdefault(s, i)
+                if j != i:
+                    a.append(i)
+                    b.append(j)
+    linked = np.flatnonzero(succ >= 0)
+    u = np.concatenate([np.array(a, dtype=np.int64), linked]).astype(np.int64)
+    v = np.concatenate([np.array(b, dtype=np.int64), succ[linked].astype(np.int64)])
+    # Connected components by minimum-label propagation with pointer jumping: each round every edge pulls both
+    # ends to the smaller label and every label to its own label's label; stable when no label changes.
+    label = np.arange(n, dtype=np.int64)
+    while len(u):
+        low = np.minimum(label[u], label[v])
+        new = label.copy()
+        np.minimum.at(new, u, low)
+        np.minimum.at(new, v, low)
+        np.minimum.at(new, label, new)  # a root takes the smallest label any of its members reached
+        new = new[new]
+        if np.array_equal(new, label):
+            break
+        label = new
+    return label.astype(np.int32)
 
 
 _WORD = re.compile(r"[a-z0-9]+(?:\.[0-9]+)?")
