@@ -111,12 +111,12 @@ class ThreadIndex:
     the thread of each run."""
 
     members: dict[int, np.ndarray]
-    names: dict[int, list[Name]]
-    by_core: dict[frozenset[str], list[int]]
+    names: dict[int, tuple[Name, ...]]
+    by_core: dict[frozenset[str], tuple[int, ...]]
     order: np.ndarray
     starts: np.ndarray
     seg_thread: np.ndarray
-    by_word: dict[str, set[int]]
+    by_word: dict[str, tuple[int, ...]]
     """Threads whose names hold a word."""
     is_order: np.ndarray
     """Per memory: a medication order version (MedicationRequest/Statement, or a ServiceRequest of category
@@ -148,8 +148,12 @@ class ThreadIndex:
         is_order = np.fromiter((tl.category[i] == "medication" and tl.resource[i] in ORDER_RESOURCES
                                 for i in range(size)), dtype=bool, count=size)
         ends = np.fromiter((_ends_order(tl, i) for i in range(size)), dtype=bool, count=size)
-        return cls(members=members, names=names, by_core=by_core, order=order, starts=starts,
-                   seg_thread=ths[starts] if len(order) else np.zeros(0, dtype=np.int32), by_word=by_word,
+        # Tuples, not lists and sets: the garbage collector stops tracking tuples of ints, so the indexes a query
+        # process keeps cost its full collections little.
+        return cls(members=members, names={th: tuple(ns) for th, ns in names.items()},
+                   by_core={c: tuple(ths_) for c, ths_ in by_core.items()}, order=order, starts=starts,
+                   seg_thread=ths[starts] if len(order) else np.zeros(0, dtype=np.int32),
+                   by_word={w: tuple(sorted(ths_)) for w, ths_ in by_word.items()},
                    is_order=is_order, ends_order=ends)
 
     def best(self, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -198,7 +202,7 @@ class _Ranked:
     current: bool
 
 
-def _match(q: frozenset[str], names: list[Name]) -> tuple[float, frozenset[str] | None, frozenset[str] | None]:
+def _match(q: frozenset[str], names: Sequence[Name]) -> tuple[float, frozenset[str] | None, frozenset[str] | None]:
     cov = 0.0
     full = core = None
     for all_w, core_w in names:
@@ -222,7 +226,7 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
     total = best.copy()
     seg_of = {int(th): k for k, th in enumerate(idx.seg_thread)}
     matched: dict[int, tuple[frozenset[str] | None, frozenset[str] | None]] = {}
-    for th in set().union(*(idx.by_word.get(w, set()) for w in q)) if q else set():
+    for th in set().union(*(idx.by_word.get(w, ()) for w in q)) if q else set():
         k = seg_of[th]
         if not live[k]:
             continue
@@ -292,7 +296,7 @@ def _named(ranked: Sequence[_Ranked], idx: ThreadIndex,
         # a core that several concepts share ("potassium": Potassium (Blood), Potassium, Whole Blood) names none.
         # One thread may hold several names with it (each admission names its type and origin).
         holders = {th: frozenset(n for n, c in idx.names[th] if c == the_core)
-                   for th in idx.by_core.get(the_core, []) if served[idx.members[th]].any()}
+                   for th in idx.by_core.get(the_core, ()) if served[idx.members[th]].any()}
         if len(set(holders.values())) > 1:
             return [], None
         name = the_core
