@@ -51,7 +51,7 @@ from benchmarks.synthetic import Chain, Concept, build_patient, plan_patient, qu
 from schemas.query import GateMode, QueryRequest
 from stam import stack
 from stam.embedding import Embedder
-from stam.read.gate import StoreGate
+from stam.read.gate import DEFAULT_THRESHOLD, StoreGate
 from stam.read.service import QueryService, TimelineCache
 from stam.read.tokens import Tokenizer, load_tokenizer
 from stam.stores.base import Commit
@@ -289,7 +289,8 @@ def main() -> None:
     parser.add_argument("--memories", type=int, default=2000, help="memories per patient")
     parser.add_argument("--queries", type=int, default=2000, help="warm queries (each asked in every arm)")
     parser.add_argument("--history-fraction", type=float, default=0.4)
-    parser.add_argument("--threshold", type=float, default=0.0, help="store-gate margin threshold (auto arm)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="store-gate margin threshold (auto arm)")
     parser.add_argument("--k-active", type=int, default=8)
     parser.add_argument("--k-history", type=int, default=8)
     parser.add_argument("--seed", type=int, default=7)
