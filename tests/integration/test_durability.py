@@ -129,3 +129,38 @@ def test_a_worker_started_on_a_store_behind_its_checkpoint_rebuilds_first(stack_
             time.sleep(0.5)
     assert _stored(client, SMALL_PATIENT) == (ver_full, before)
     assert int(client.get("stam:wseq") or 0) > cp.wseq
+
+
+def _restart_milvus(pid: int, down_s: float, home: Path) -> int:
+    """kill -9 the stack's Milvus Lite server, leave it down for ``down_s``, start it again (same port, data)."""
+    cmd = [c.decode() for c in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(down_s)
+    with (home / "logs" / "milvus.log").open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
+
+
+def test_a_milvus_outage_does_not_kill_the_worker(stack_settings: Any, tmp_path: Path) -> None:
+    """Repro 5: the segment-flush timer met a dead Milvus and took the worker down. Now the worker waits the
+    outage out and applies what arrived meanwhile."""
+    from stam.sources.fhir_r4 import load_bundle
+    from tests.conftest import BUNDLES
+
+    s = stack_settings
+    info = json.loads((s.home / "stack.json").read_text())
+    bundle = load_bundle(sorted(BUNDLES.glob("*.json"))[1])
+    early, late = bundle.entries[:30], bundle.entries[30:]
+    with _stam_process(s, "worker", "worker-milvus.log", STAM_MILVUS_FLUSH_S="1") as proc:
+        asyncio.run(_publish(s, early))
+        asyncio.run(_collect(s, {e.entry_id for e in early}, timeout=240))
+        info["pids"]["milvus"] = pid = _restart_milvus(info["pids"]["milvus"], 8.0, s.home)
+        (s.home / "stack.json").write_text(json.dumps(info))
+        assert proc.poll() is None, "the worker died while Milvus was down"
+        asyncio.run(_publish(s, late))
+        transitions, letters = asyncio.run(_collect(s, {e.entry_id for e in bundle.entries}, timeout=300))
+        assert proc.poll() is None
+        assert Path(f"/proc/{pid}").exists()
+    assert {e.entry_id for e in bundle.entries} <= {t["entry_id"] for t in transitions}
+    assert not [x for x in letters if x.get("error_type", "").startswith("Milvus")]
