@@ -145,6 +145,21 @@ class ComputedFact(WireModel):
     memory_ids: tuple[NonEmptyStr, ...]
 
 
+class RecordGap(WireModel):
+    """An entry of the patient that was dead-lettered and not (yet) applied: the record is incomplete until it
+    is replayed and applied, or dismissed (``stam deadletters``). Kept next to the patient's state."""
+
+    entry_id: str | None = Field(default=None, description="The entry's id; None when the payload did not say")
+    stage: NonEmptyStr = Field(description="The stage that dead-lettered it (extract, link, impact, update)")
+    error_type: NonEmptyStr = Field(description="The error's class name, e.g. ValidationError")
+    error: str = Field(default="", max_length=300, description="The error message (its start)")
+    dead_letter: NonEmptyStr = Field(description="Id of the dead letter: partition:offset on the dead-letter topic")
+    source: str | None = Field(default=None, description="Where the message was: topic/partition/offset")
+    failed_at: AwareDatetime = Field(description="When it was first dead-lettered")
+    replayed_at: AwareDatetime | None = Field(default=None, description="When it was last replayed (not yet "
+                                              "applied)")
+
+
 class EvidencePacket(WireModel):
     schema_version: SchemaVersion = 1
     patient_id: NonEmptyStr
@@ -164,6 +179,8 @@ class EvidencePacket(WireModel):
     tokens: int = Field(ge=0, description="Tokens of ``rendered``")
     tokenizer: str = Field(description="Tokenizer that counted the tokens")
     token_budget: int | None = None
+    gaps: tuple[RecordGap, ...] = Field(default=(), description="Dead-lettered entries of the patient not applied: "
+                                        "the record served is incomplete (one line in ``rendered`` says so)")
 
 
 class QueryAnswer(WireModel):

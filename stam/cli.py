@@ -5,6 +5,7 @@
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
+  stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
@@ -233,6 +234,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_state(args: argparse.Namespace) -> int:
+    from stam.deadletters import gap_line
     from stam.export import export_state, render_text
     from stam.stores.redis_state import RedisStateStore
     from workers.runtime import redis_client
@@ -240,14 +242,85 @@ def cmd_state(args: argparse.Namespace) -> int:
     settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     state = states.load(args.patient)
+    gaps = states.gaps(args.patient)
     if state.version == 0:
-        print(f"no state for patient {args.patient}", file=sys.stderr)
+        gap = gap_line(gaps)
+        print(f"no state for patient {args.patient}" + (f" ({gap}; see `stam deadletters list --patient`)"
+                                                         if gap else ""), file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(export_state(state), indent=2))
+        print(json.dumps({**export_state(state), "gaps": [g.model_dump(mode="json") for g in gaps]}, indent=2))
     else:
+        gap = gap_line(gaps)
+        if gap:
+            print(f"{gap}  (`stam deadletters list --patient {args.patient}`)")
+            for g in gaps:
+                print(f"  - entry {g.entry_id or '(unknown id)'}: {g.stage}, {g.error_type}; dead letter "
+                      f"{g.dead_letter}" + (", replayed, not applied yet" if g.replayed_at else ""))
         print(render_text(state, limit=args.limit))
     return 0
+
+
+def cmd_deadletters(args: argparse.Namespace) -> int:
+    """list|show|replay|dismiss: read the dead-letter topic from offset 0; act on one dead letter by its id."""
+    from stam import deadletters as dl
+    from stam.stores.redis_state import RedisStateStore
+    from workers.runtime import redis_client
+
+    settings = load_settings()
+    states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
+    try:
+        if args.action == "list":
+            if args.id:
+                raise dl.DeadLetterError("`list` takes no id (filters: --patient, --stage, --status)")
+        elif not args.id:
+            raise dl.DeadLetterError(f"`{args.action}` needs a dead letter id (PARTITION:OFFSET, from `list`)")
+        else:
+            dl.parse_id(args.id)
+        value = None
+        if args.action == "replay" and args.value_file:
+            try:
+                value = Path(args.value_file).read_bytes()
+            except OSError as exc:
+                raise dl.DeadLetterError(f"cannot read --value-file {args.value_file}: {exc.strerror}") from None
+        if args.action == "dismiss" and not (args.reason and args.reason.strip()):
+            raise dl.DeadLetterError("dismiss needs --reason (why the entry may stay out of the record)")
+        letters = dl.with_status(asyncio.run(dl.read_letters(settings)), states)
+        if args.action == "list":
+            rows = [x for x in letters
+                    if (args.patient is None or x.patient_id == args.patient)
+                    and (args.stage is None or (x.letter is not None and x.letter.stage == args.stage))
+                    and (args.status is None or x.status.startswith(args.status))]
+            if args.json:
+                print(json.dumps([x.summary() for x in rows], indent=2))
+            elif not rows:
+                print("no dead letters" + (" matching the filters" if len(letters) else ""))
+            else:
+                print(_table([{**x.summary(), "patient_id": x.patient_id or "(unknown: no gap)",
+                               "entry_id": x.entry_id or "-", "error": (x.summary()["error"] or "")[:60]}
+                              for x in rows],
+                             [("id", "id"), ("status", "status"), ("stage", "stage"), ("error_type", "error"),
+                              ("patient_id", "patient"), ("entry_id", "entry"), ("failed_at", "failed at"),
+                              ("error", "reason")]))
+            return 0
+        item = dl.find(letters, args.id)
+        if args.action == "show":
+            print(json.dumps(dl.show(item), indent=2, default=str))
+            return 0
+        if args.action == "replay":
+            plan = dl.plan_replay(item, settings, value)
+            sent = asyncio.run(dl.publish_replay(settings, plan))
+            log = dl.record_replay(states, item, plan, sent, by=args.by)
+            print(json.dumps({"id": item.id, **log, "patient_id": item.patient_id, "entry_id": plan.entry_id,
+                              "note": "the gap closes when the worker applies the entry"
+                              if item.patient_id else "no gap: patient unknown"}))
+            return 0
+        print(json.dumps({"id": item.id, "patient_id": item.patient_id, "entry_id": item.entry_id,
+                          **dl.dismiss(states, item, args.reason, by=args.by)}))
+        return 0
+    except dl.DeadLetterError as exc:
+        print(f"stam deadletters {args.action}: {exc}", file=sys.stderr)
+        return 2
 
 
 async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]:
@@ -888,6 +961,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="the stable export shape (see README)")
     p.add_argument("--limit", type=int, default=None, help="text mode: at most N memories per store")
     p.set_defaults(fn=cmd_state)
+
+    p = sub.add_parser("deadletters", help="list, show, replay or dismiss dead letters (and the record gaps they "
+                       "leave)",
+                       description="list: every dead letter on the dead-letter topic from offset 0, with its id "
+                       "(PARTITION:OFFSET), stage, error, patient and entry, and status (open: the patient's record "
+                       "has a gap; replayed; applied; dismissed; superseded; no gap: patient unknown). show ID: the "
+                       "decoded value, error and coordinates. replay ID: publish the original bytes again to the "
+                       "topic they came from, when they pass its schema (a fault outside the message, since "
+                       "fixed), or --value-file with a corrected payload; a publisher's bad file is refused (fix "
+                       "it and publish it again). The gap closes when the worker applies the entry. dismiss ID "
+                       "--reason R: close the gap without applying the entry; who, when and why are kept.")
+    p.add_argument("action", choices=["list", "show", "replay", "dismiss"])
+    p.add_argument("id", nargs="?", default=None, help="dead letter id, PARTITION:OFFSET (show, replay, dismiss)")
+    p.add_argument("--patient", default=None, help="list: only this patient's dead letters")
+    p.add_argument("--stage", default=None, help="list: only this stage's (extract, link, impact, update, "
+                   "publish:fhir-r4...)")
+    p.add_argument("--status", default=None, help="list: only this status (open, replayed, applied, dismissed...)")
+    p.add_argument("--json", action="store_true", help="list: JSON")
+    p.add_argument("--value-file", default=None, help="replay: a corrected payload (JSON) instead of the original")
+    p.add_argument("--reason", default=None, help="dismiss: why the entry may stay out of the record (required)")
+    p.add_argument("--by", default=None, help="replay, dismiss: who (default: the OS user)")
+    p.set_defaults(fn=cmd_deadletters)
 
     p = sub.add_parser("rebuild", help="rebuild a patient's stores from the transitions topic")
     p.add_argument("--patient", required=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 from dataclasses import dataclass, field
@@ -108,4 +109,30 @@ class Runtime:
         DEAD_LETTERS.labels(stage=stage, error_type=type(exc).__name__).inc()
         log.warning("dead-lettered stage=%s topic=%s partition=%s offset=%s error=%s",
                     stage, msg.topic, msg.partition, msg.offset, type(exc).__name__)
-        await self.topics.dead_letters.send(key=msg.key, value=letter.model_dump_json().encode())
+        sent = await self.topics.dead_letters.send(key=msg.key, value=letter.model_dump_json().encode())
+        await self._record_gap(letter, sent)
+
+    async def _record_gap(self, letter: DeadLetter, sent: Any) -> None:
+        """Once the broker has the dead letter, the patient's record carries a gap for it (``stam.deadletters``).
+        Redis unreachable: retried (holding the partition) until it is back; the gap is never skipped."""
+        from stam.deadletters import gap_of, letter_id
+
+        if gap_of(letter, "0:0") is None:  # no patient to carry a gap (a query, no patient id)
+            return
+        try:
+            md = await sent
+        except Exception as exc:  # noqa: BLE001 - not delivered: there is no dead letter for a gap to point at
+            log.error("dead letter not delivered (%s); no record gap recorded", type(exc).__name__)
+            return
+        found = gap_of(letter, letter_id(md.partition, md.offset))
+        assert found is not None
+        patient_id, gap = found
+        delay = 0.5
+        while True:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.deps.states.record_gap, patient_id, gap)
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.warning("record gap not stored (%s); retrying in %.1fs", type(exc).__name__, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)

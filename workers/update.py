@@ -17,6 +17,7 @@ from typing import Any
 import faust
 
 from schemas import ImpactedEntry
+from stam.deadletters import entry_ids
 from stam.errors import StateRolledBack
 from stam.metrics import BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
 from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
@@ -99,6 +100,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             REDONE.inc()
         if out.duplicate:
             MESSAGES.labels(stage="update", outcome="duplicate").inc()
+            await _close_gap(event)
         key = event.message.key
         futures = [await topics.transitions.send(key=key, value=t.model_dump_json().encode())
                    for t in out.transitions]
@@ -110,6 +112,12 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))
             pending.add(task)
             task.add_done_callback(pending.discard)
+
+    async def _close_gap(event: faust.EventT[Any]) -> None:
+        # An entry already applied (a replay of a dead letter whose entry got in another way) has no gap.
+        ids = entry_ids(event.message.value)
+        if ids is not None:
+            await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, runtime.deps.states.clear_gap, *ids)
 
     @app.agent(topics.impacted, name="stam.update")
     async def update(stream: faust.StreamT[Any]) -> None:

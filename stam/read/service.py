@@ -18,6 +18,8 @@ The read path serves what the write path knows (section 3.3 of the method, and t
 5. **Threads, not memories** (:mod:`stam.read.select`): concept threads ranked by the question, each filled by
    the intent; computed facts where the question names a concept.
 6. **Rendering** (:mod:`stam.read.render`): one compact block per thread, within ``token_budget``.
+7. **Record gaps**: entries of the patient that were dead-lettered and not applied (``stam deadletters``) are
+   listed in the packet (``gaps``) and one line under the header tells the reader the record is incomplete.
 
 :meth:`QueryService.answer` builds the packet (embedding, Redis and Milvus round trips: blocking calls) on a
 small thread pool of the service, so the caller's event loop keeps serving while a query works. A query that
@@ -46,7 +48,9 @@ from schemas.query import (
     GateDecision,
     QueryAnswer,
     QueryRequest,
+    RecordGap,
 )
+from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
 from stam.read.asof import state_at_version
@@ -189,17 +193,19 @@ class QueryService:
             tl, idx = self._past_version(req, events)
         else:
             tl, idx = self.timeline(req.patient_id)
+        gaps = tuple(self.states.gaps(req.patient_id))  # one HGETALL: dead-lettered entries not applied
+        gap = gap_line(gaps)
         if len(tl) == 0:
-            raise QueryError(f"no memory for patient {req.patient_id!r}")
+            raise QueryError(f"no memory for patient {req.patient_id!r}" + (f" ({gap})" if gap else ""))
         clock = req.as_of or tl.latest_time()
         intent = parse(req.question, clock)
         at = req.as_of
         if intent.at is not None and (at is None or intent.at < at):
             at = intent.at
         view = tl.view(at, req.visibility)
-        top = header(req.as_of, req.as_of_version, at)
+        top = header(req.as_of, req.as_of_version, at) + (f"\n({gap})" if gap else "")
         if not view.present.any():  # nothing recorded yet at that time (or nothing visible): an empty packet
-            return self._empty(req, tl, at, intent.describe(), top)
+            return self._empty(req, tl, at, intent.describe(), top, gaps)
         qv = self.embedder.embed([req.question])[0]
         scores = tl.scores(qv)
         active = view.present & ~view.history
@@ -217,15 +223,16 @@ class QueryService:
                               as_of=req.as_of, as_of_version=req.as_of_version, at=at, intent=intent.describe(),
                               gate=decision, facts=tuple(kept_facts), items=tuple(kept), dropped=dropped,
                               rendered=rendered, tokens=self.tokenizer.count(rendered), tokenizer=self.tokenizer.name,
-                              token_budget=req.token_budget)
+                              token_budget=req.token_budget, gaps=gaps)
 
-    def _empty(self, req: QueryRequest, tl: Timeline, at: datetime | None, intent: str, top: str) -> EvidencePacket:
+    def _empty(self, req: QueryRequest, tl: Timeline, at: datetime | None, intent: str, top: str,
+               gaps: tuple[RecordGap, ...] = ()) -> EvidencePacket:
         rendered = f"{top}\n(nothing recorded {'by then' if at is not None else 'that this query may see'})"
         decision = self.gate.decide(req.question, req.gate, None, None)
         return EvidencePacket(patient_id=req.patient_id, question=req.question, state_version=tl.version,
                               as_of=req.as_of, as_of_version=req.as_of_version, at=at, intent=intent, gate=decision,
                               items=(), rendered=rendered, tokens=self.tokenizer.count(rendered),
-                              tokenizer=self.tokenizer.name, token_budget=req.token_budget)
+                              tokenizer=self.tokenizer.name, token_budget=req.token_budget, gaps=gaps)
 
     def _blocks(self, tl: Timeline, view: View, picks: Sequence[Pick], scores: np.ndarray,
                 req: QueryRequest) -> list[list[EvidenceItem]]:

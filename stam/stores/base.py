@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from schemas import Store, StoredMemory
+from schemas.query import RecordGap
 from stam.state import PatientState
 
 
@@ -131,6 +132,17 @@ class StateStore(ABC):
 
     @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...
+
+    def gaps(self, patient_id: str) -> list[RecordGap]:
+        """The patient's record gaps: dead-lettered entries not applied (see :class:`RecordGap`)."""
+        return []
+
+    def record_gap(self, patient_id: str, gap: RecordGap) -> None:
+        """Record that an entry of the patient was dead-lettered; a store without gaps refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no record gaps")
+
+    def clear_gap(self, patient_id: str, entry_id: str) -> None:  # noqa: B027 - a store without gaps has none
+        """Close the gap of an entry that is applied."""
 
     def marks(self) -> tuple[str | None, int]:
         """Durability marks (epoch, write counter); a store without them answers (None, 0)."""

@@ -8,6 +8,13 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
 - ``<prefix>:{<patient>}:src``     hash entry_id -> entry text, for entries that carry text (source spans
                                     at read time; not in the transition log, so a rebuild does not restore it)
 - ``<prefix>:{<patient>}:outbox:<entry>``  transitions of an applied entry not yet confirmed delivered
+- ``<prefix>:{<patient>}:gaps``    hash gap field -> RecordGap JSON: dead-lettered entries not applied (the
+                                    field is the entry id, or ``dl:<dead letter id>`` when the entry id is
+                                    unknown); a commit that applies an entry removes its gap in the same
+                                    transaction
+- ``<prefix>:{<patient>}:gaplog``  hash dead letter id -> JSON: what an operator did with it (replayed,
+                                    dismissed: who, when, why)
+- ``<prefix>:deadletters:log``     the same, for dead letters of no known patient
 - ``<prefix>:patients``            set of patient ids (for erasure and export tooling)
 - ``<prefix>:epoch``, ``<prefix>:wseq``  durability marks: an id set once when the store is first written,
                                     and a counter every commit increments. A store that lost writes shows a
@@ -24,12 +31,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from threading import Lock
 from typing import Any
 
 import redis
 
 from schemas import StoredMemory
+from schemas.query import RecordGap
 from stam.errors import ConcurrentUpdate, StateRolledBack
 from stam.state import PatientState
 from stam.stores import rows
@@ -146,6 +155,8 @@ class RedisStateStore(StateStore):
                         pipe.hset(self._key(pid, "src"), mapping={k: v for k, v in c.sources.items()})
                     for entry_id, outbox in c.outboxes.items():
                         pipe.set(self._key(pid, f"outbox:{entry_id}"), outbox)
+                    if c.outboxes:  # an applied entry closes its record gap (a replayed dead letter)
+                        pipe.hdel(self._key(pid, "gaps"), *c.outboxes)
                     pipe.sadd(f"{self._prefix}:patients", pid)
                 if epoch is None:
                     pipe.set(mark_keys[0], uuid.uuid4().hex, nx=True)
@@ -215,9 +226,69 @@ class RedisStateStore(StateStore):
         raw = self._r.hget(self._key(patient_id, "src"), entry_id)
         return raw.decode() if isinstance(raw, bytes) else raw
 
+    # --- record gaps (dead-lettered entries not applied) --------------------------------------------------
+
+    def gaps(self, patient_id: str) -> list[RecordGap]:
+        """The patient's record gaps, oldest first (one HGETALL)."""
+        raw = self._r.hgetall(self._key(patient_id, "gaps"))
+        found = [RecordGap.model_validate_json(v) for v in raw.values()]
+        return sorted(found, key=lambda g: (g.failed_at, g.dead_letter))
+
+    def record_gap(self, patient_id: str, gap: RecordGap) -> None:
+        """Record (or refresh) a gap; a gap already open for the same entry keeps its first failure time."""
+        key = self._key(patient_id, "gaps")
+        field = gap_field(gap)
+        old = self._r.hget(key, field)
+        if old is not None:
+            first = RecordGap.model_validate_json(old).failed_at
+            gap = gap.model_copy(update={"failed_at": min(first, gap.failed_at)})
+        self._r.hset(key, field, gap.model_dump_json())
+
+    def clear_gap(self, patient_id: str, entry_id: str) -> None:
+        self._r.hdel(self._key(patient_id, "gaps"), entry_id)
+
+    def gap_replayed(self, patient_id: str, dead_letter: str, entry_id: str | None, log: str) -> RecordGap | None:
+        """Mark the gap of this dead letter replayed (it stays until the entry is applied) and keep ``log``. A gap
+        of an unknown entry is filed under the replayed entry's id, so applying that entry closes it."""
+        found = next((g for g in self.gaps(patient_id) if g.dead_letter == dead_letter), None)
+        pipe = self._r.pipeline(transaction=True)
+        if found is not None:
+            pipe.hdel(self._key(patient_id, "gaps"), gap_field(found))
+            found = found.model_copy(update={"replayed_at": datetime.now(UTC),
+                                             "entry_id": found.entry_id or entry_id})
+            pipe.hset(self._key(patient_id, "gaps"), gap_field(found), found.model_dump_json())
+        pipe.hset(self._key(patient_id, "gaplog"), dead_letter, log)
+        pipe.execute()
+        return found
+
+    def dismiss_gap(self, patient_id: str | None, dead_letter: str, log: str) -> RecordGap | None:
+        """Remove the gap of this dead letter (if open) and keep ``log`` (who, when, why), in one transaction.
+        ``patient_id`` None: a dead letter of no known patient; only the log is kept."""
+        if patient_id is None:
+            self._r.hset(f"{self._prefix}:deadletters:log", dead_letter, log)
+            return None
+        found = next((g for g in self.gaps(patient_id) if g.dead_letter == dead_letter), None)
+        pipe = self._r.pipeline(transaction=True)
+        if found is not None:
+            pipe.hdel(self._key(patient_id, "gaps"), gap_field(found))
+        pipe.hset(self._key(patient_id, "gaplog"), dead_letter, log)
+        pipe.execute()
+        return found
+
+    def gap_log(self, patient_id: str | None) -> dict[str, str]:
+        """What operators did with dead letters (dead letter id -> JSON), of one patient or of no patient."""
+        key = self._key(patient_id, "gaplog") if patient_id is not None else f"{self._prefix}:deadletters:log"
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in self._r.hgetall(key).items()}
+
     def erase_patient(self, patient_id: str) -> int:
         keys = list(self._r.scan_iter(match=self._key(patient_id, "*").replace("{", "\\{").replace("}", "\\}")))
         removed = self._r.delete(*keys) if keys else 0
         self._r.srem(f"{self._prefix}:patients", patient_id)
         self._forget(patient_id)
         return int(removed)
+
+
+def gap_field(gap: RecordGap) -> str:
+    """A gap's field in the patient's gaps hash: its entry id, or its dead letter's id when the entry is unknown."""
+    return gap.entry_id if gap.entry_id else f"dl:{gap.dead_letter}"
