@@ -261,6 +261,11 @@ def cmd_state(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str | None, width: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[:width - 3] + "..."
+
+
 def cmd_deadletters(args: argparse.Namespace) -> int:
     """list|show|replay|dismiss: read the dead-letter topic from offset 0; act on one dead letter by its id."""
     from stam import deadletters as dl
@@ -297,7 +302,8 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
                 print("no dead letters" + (" matching the filters" if len(letters) else ""))
             else:
                 print(_table([{**x.summary(), "patient_id": x.patient_id or "(unknown: no gap)",
-                               "entry_id": x.entry_id or "-", "error": (x.summary()["error"] or "")[:60]}
+                               "entry_id": x.entry_id or "-", "error": _one_line(x.summary()["error"], 60),
+                               "failed_at": x.letter.failed_at.strftime("%Y-%m-%d %H:%M:%S") if x.letter else ""}
                               for x in rows],
                              [("id", "id"), ("status", "status"), ("stage", "stage"), ("error_type", "error"),
                               ("patient_id", "patient"), ("entry_id", "entry"), ("failed_at", "failed at"),
