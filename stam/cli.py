@@ -268,10 +268,14 @@ def _one_line(text: str | None, width: int) -> str:
 
 def cmd_deadletters(args: argparse.Namespace) -> int:
     """list|show|replay|dismiss: read the dead-letter topic from offset 0; act on one dead letter by its id."""
+    import redis
+    from aiokafka.errors import KafkaError
+
     from stam import deadletters as dl
     from stam.stores.redis_state import RedisStateStore
     from workers.runtime import redis_client
 
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     try:
@@ -327,6 +331,11 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     except dl.DeadLetterError as exc:
         print(f"stam deadletters {args.action}: {exc}", file=sys.stderr)
         return 2
+    except (KafkaError, redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        where = "Redis" if isinstance(exc, redis.RedisError) else "broker"
+        print(f"stam deadletters {args.action}: {where} unreachable ({type(exc).__name__}: {_one_line(str(exc), 120)})"
+              f"; is the stack up (`stam stack status`)?", file=sys.stderr)
+        return 1
 
 
 async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]:

@@ -163,7 +163,11 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0) -> list[L
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None,
                                 request_timeout_ms=int(timeout_s * 1000))
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
     try:
         parts = sorted(consumer.partitions_for_topic(topic) or [])
         if not parts:
@@ -321,7 +325,11 @@ async def publish_replay(settings: Settings, plan: Replay) -> tuple[int, int]:
     from topology.admin import bootstrap
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all")
-    await producer.start()
+    try:
+        await producer.start()
+    except BaseException:
+        await producer.stop()
+        raise
     try:
         md = await producer.send_and_wait(plan.topic, key=plan.key, value=plan.value)
         return md.partition, md.offset
