@@ -127,10 +127,15 @@ class Runtime:
         found = gap_of(letter, letter_id(md.partition, md.offset))
         assert found is not None
         patient_id, gap = found
+        from workers.common import STAGE_THREAD  # here: workers.common imports this module
+
+        def record() -> None:  # on the stage thread: the stores are built there, once, not raced from the loop
+            self.deps.states.record_gap(patient_id, gap)
+
         delay = 0.5
         while True:
             try:
-                await asyncio.get_running_loop().run_in_executor(None, self.deps.states.record_gap, patient_id, gap)
+                await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, record)
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.warning("record gap not stored (%s); retrying in %.1fs", type(exc).__name__, delay)

@@ -95,9 +95,15 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
 
     asyncio.run(_publish(s, good))
     asyncio.run(_send_raw(s, SMALL_PATIENT.encode(), [broken(fixed_a), b"\x00not json", broken(dropped)]))
+    # A patient whose only entry is malformed: no state, but a gap.
+    lonely = json.loads(broken(fixed_a)) | {"patient_id": "gap-only-patient"}
+    asyncio.run(_send_raw(s, b"gap-only-patient", [json.dumps(lonely).encode()]))
     asyncio.run(_publish(s, [entries[GOOD + 3]]))  # a good entry after them: the stream went on
-    _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 1 and len(states.gaps(SMALL_PATIENT)) == 3,
-          240, "the good entries applied and three gaps", worker, s.home)
+    _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 1 and len(states.gaps(SMALL_PATIENT)) == 3
+          and len(states.gaps("gap-only-patient")) == 1, 240, "the good entries applied and four gaps", worker, s.home)
+    code, _, err = run(capsys, "state", "--patient", "gap-only-patient")
+    assert code == 1 and "no state for patient gap-only-patient (record gap: 1 entry not applied (extract, " \
+        "ValidationError), since " in err
 
     # A publisher's bad file: a dead letter of no known patient.
     bad_file = tmp_path / "bundle.json"
@@ -194,5 +200,5 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     assert [status[i]["status"] for i in (id_a, id_b, id_c, id_d)] == ["applied", "applied", "dismissed", "applied"]
     assert status[id_c]["handled"]["reason"] == "test entry, never clinical"
     assert status[id_c]["handled"]["by"] == "ops" and status[id_a]["handled"]["by"] == "ops"
-    code, out, _ = run(capsys, "deadletters", "list", "--status", "open")
+    code, out, _ = run(capsys, "deadletters", "list", "--status", "open", "--patient", SMALL_PATIENT)
     assert out.strip() == "no dead letters matching the filters"

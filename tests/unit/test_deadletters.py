@@ -133,3 +133,20 @@ def test_applying_the_entry_closes_its_gap_in_the_commit(deps: Any) -> None:
     process_entry(entry, deps)
     assert deps.states.version(patient) == 1
     assert [g.entry_id for g in deps.states.gaps(patient)] == ["e-other"]
+
+
+def test_a_stage_dead_letter_replays_to_its_stage_topic(deps: Any) -> None:
+    """An update-stage dead letter (an ImpactedEntry made by the real stages) goes back to the impacted topic;
+    its gap names the entry inside the payload."""
+    from stam.stages import extract_stage, impact_stage, link_stage
+
+    impacted = impact_stage(link_stage(extract_stage(_entry(), deps), deps), deps)
+    raw = impacted.model_dump_json().encode()
+    letter = _letter(raw, stage="update", topic="stam.impacted.v1", key=b"p-1")
+    patient, gap = gap_of(letter, "2:5")  # type: ignore[misc]
+    assert (patient, gap.entry_id, gap.stage, gap.source) == ("p-1", "e-1", "update", "stam.impacted.v1/0/7")
+    plan = plan_replay(Listed(id="2:5", letter=letter, patient_id="p-1", entry_id="e-1"), Settings())
+    assert (plan.topic, plan.value, plan.entry_id) == ("stam.impacted.v1", raw, "e-1")
+    with pytest.raises(DeadLetterError, match="ImpactedEntry schema"):
+        plan_replay(Listed(id="2:5", letter=letter, patient_id="p-1", entry_id="e-1"), Settings(),
+                    _entry().model_dump_json().encode())  # an entry is not what the impacted topic carries
