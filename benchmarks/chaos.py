@@ -190,6 +190,21 @@ def _versions(stack: Stack) -> int:
             client.close()
 
 
+def _vectors_agree(stack: Stack) -> dict[str, int]:
+    """Memories whose vector is missing from Milvus, or in the other store than Redis says."""
+    from schemas import Store
+    from workers.runtime import build_deps
+
+    deps = build_deps(stack.settings)
+    missing = wrong = 0
+    for pid in deps.states.patients():
+        placed = {m: s.store for m, s in deps.states.load(pid).memories.items()}
+        found = {r.memory_id: store for store in (Store.ACTIVE, Store.HISTORY) for r in deps.vectors.fetch(pid, store)}
+        missing += len(set(placed) - set(found))
+        wrong += sum(1 for m, store in placed.items() if m in found and found[m] is not store)
+    return {"vectors_missing": missing, "vectors_in_wrong_store": wrong}
+
+
 def _states(stack: Stack) -> dict[str, dict[str, Any]]:
     from stam.export import export_state
     from stam.stores.redis_state import RedisStateStore
@@ -274,7 +289,7 @@ def _run(home: Path, paths: list[Path], *, faults: dict[str, Any] | None, seed: 
                          for log in stack.home.glob("worker-*.log"))
         return {"seconds": round(time.monotonic() - started, 1), "applied": done, "states": _states(stack),
                 "transitions": total, "duplicate_transitions": total - unique, "faults": events,
-                "worker_processes": n_worker + 1, "state_store_recoveries": recoveries}
+                "worker_processes": n_worker + 1, "state_store_recoveries": recoveries, **_vectors_agree(stack)}
     finally:
         stack.down()
 
@@ -301,7 +316,8 @@ def faults_section(bundles: int, worker_kills: int, seed: int, work: Path, *,
         "patients_differing": len(differing),
         "memories": sum(len(s["active"]) + len(s["history"]) for s in base["states"].values()),
         "redis_without_aof": redis_without_aof,
-        "ok": bool(base["applied"] and hit["applied"] and not differing and base["states"]),
+        "ok": bool(base["applied"] and hit["applied"] and not differing and base["states"]
+                   and hit["vectors_missing"] == 0 and hit["vectors_in_wrong_store"] == 0),
     }
 
 
