@@ -20,6 +20,7 @@ class Topics:
     dead_letters: faust.TopicT
     queries: faust.TopicT
     answers: faust.TopicT
+    audit: faust.TopicT
 
 
 def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:
