@@ -564,6 +564,8 @@ def _rewrite_lite(settings: Settings, mc: Any, name: str, patient_id: str, clien
     pk = next(f["name"] for f in mc.describe_collection(name)["fields"] if f.get("is_primary"))
     before = _versions(client, prefix)
     kept: list[dict[str, Any]] = []
+    # The iterator warns that Milvus Lite has no MVCC timestamp to pin: the client's time serves.
+    logging.getLogger("pymilvus.client.iterator.query_iterator").setLevel(logging.ERROR)
     it = mc.query_iterator(name, batch_size=1000, filter=f"patient_id != {json.dumps(patient_id)}",
                            output_fields=fields)
     try:
