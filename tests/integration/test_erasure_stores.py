@@ -164,3 +164,17 @@ def test_crypto_adapter_reports_absence_and_calls_the_key_store_when_present(
     present = Crypto(settings, client)
     assert present.available and present.shred("p") is True and present.shred("p") is False
     assert present.erased("p") and calls[0] == ("init", (True, b"k" * 32, "stam"))
+
+
+def test_redis_files_are_read_by_a_redis_server_not_only_as_bytes(client: Any, tmp_path: Path) -> None:
+    """An RDB compresses strings (LZF): an id with repeats inside is not in the file's bytes, yet a server that
+    loads the file has it. The scan loads each RDB/AOF in a throwaway redis-server."""
+    from stam.erase import _redis_file_hits, _variants
+
+    pid = "abcabcabcabcabcabcabcabcabc-77"
+    client.hset("stam:{x}:mem", mapping={"m-1": json.dumps({"patient_id": pid, "text": "t" * 50})})
+    client.save()
+    rdb = tmp_path / "redis.rdb"
+    assert pid.encode() not in rdb.read_bytes(), "compressed: a byte search misses it"
+    assert _redis_file_hits(rdb, [_variants(pid)]) == 1
+    assert _redis_file_hits(rdb, [_variants("someone-else")]) == 0
