@@ -178,3 +178,39 @@ def test_redis_files_are_read_by_a_redis_server_not_only_as_bytes(client: Any, t
     assert pid.encode() not in rdb.read_bytes(), "compressed: a byte search misses it"
     assert _redis_file_hits(rdb, [_variants(pid)]) == 1
     assert _redis_file_hits(rdb, [_variants("someone-else")]) == 0
+
+
+def test_milvus_lite_rewrite_repairs_writes_that_landed_during_it(deps: Any, small_bundle: Any, tmp_path: Path) -> None:
+    """A write path upsert between the rewrite's copy and its truncation is lost from Milvus; the patient's state
+    version moved in Redis, so the repair places the patient's vectors again (stores as Redis has them)."""
+    from stam.erase import _repair, _versions
+    from stam.stages import process_entry
+    from tests.conftest import SMALL_PATIENT
+
+    entries = small_bundle.entries
+    for e in entries[:30]:
+        process_entry(e, deps)
+    deps.vectors.flush()
+    client = deps.states._r
+    mc = deps.vectors._client
+    name = "stam_memories"
+    before = _versions(client, "stam")
+    copied = mc.query(name, filter=f'patient_id == "{SMALL_PATIENT}"', output_fields=["*"])
+    for e in entries[30:60]:  # written "during" the rewrite: in Milvus now, lost by the truncation below
+        process_entry(e, deps)
+    deps.vectors.flush()
+    mc.truncate_collection(name)
+    mc.upsert(name, [{k: r[k] for k in ("memory_id", "patient_id", "store", "vector")} for r in copied])
+    mc.flush(name)
+    state = deps.states.load(SMALL_PATIENT)
+
+    def milvus_stores() -> dict[str, str]:
+        rows = mc.query(name, filter=f'patient_id == "{SMALL_PATIENT}"', output_fields=["memory_id", "store"])
+        return {r["memory_id"]: r["store"] for r in rows}
+
+    expected = {m: s.store.value for m, s in state.memories.items()}
+    assert milvus_stores() != expected, "the simulated lost writes"
+    settings = Settings(home=tmp_path, milvus_uri=str(tmp_path / "milvus.db"))
+    kept = [{k: r[k] for k in ("memory_id", "patient_id", "store", "vector")} for r in copied]
+    fixed = _repair(settings, mc, name, "memory_id", kept, before, client)
+    assert fixed > 0 and milvus_stores() == expected
