@@ -485,7 +485,11 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
     from workers.runtime import redis_client
 
     client = client or redis_client(settings)
-    needles = [_variants(patient_id)] + [_variants(s) for s in samples if s]
+    from stam.stores import redis_state
+
+    escaped = getattr(redis_state, "key_part", None)  # ids escaped inside key names, where the store escapes them
+    id_forms = _variants(patient_id) + ([escaped(patient_id).encode()] if escaped else [])
+    needles = [list(dict.fromkeys(id_forms))] + [_variants(s) for s in samples if s]
     flat = [v for group in needles for v in group]
     id_bytes = patient_id.encode()
     residuals: dict[str, int] = {}
