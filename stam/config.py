@@ -64,6 +64,11 @@ class Settings(BaseSettings):
         "segments slowly); 0 turns it off, as a Milvus server seals by itself")
     state_cache_patients: int = Field(default=2_000, ge=1, description="Patients kept warm per worker")
     commit_retries: int = Field(default=5, ge=1)
+    state_watch_s: float = Field(default=10.0, gt=0, description="How often an idle worker checks that the "
+                                 "state store has not gone backwards (a crash that lost writes)")
+    redis_fsync_window_s: float | None = Field(
+        default=None, ge=0, description="Seconds after which a Redis write is on disk; offsets are committed "
+        "only that long after the writes they cover. Unset: read from Redis (appendfsync everysec: 2, always: 0)")
 
     # --- language model (free text) -------------------------------------------------------------------
     llm_url: str = Field(default="", description="OpenAI-compatible base URL of the reasoning model (the Ray "

@@ -21,6 +21,12 @@ class ConcurrentUpdate(StamError):
     """Another writer changed the patient state between read and commit (version mismatch)."""
 
 
+class StateRolledBack(StamError):
+    """The state store holds less than this worker (or the durable checkpoint) knows was written: it lost
+    writes (a crash without an append-only file, a restore from an older backup, a failover). The write path
+    stops applying and rebuilds the affected patients from the transition log first."""
+
+
 class StackError(StamError):
     """The embedded stack could not start or reach one of its services."""
 

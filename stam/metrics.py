@@ -16,6 +16,13 @@ FREE_TEXT = Counter("stam_free_text_entries_total",
 TRANSITIONS = Counter("stam_transitions_total", "State transitions applied", ["kind", "reason"])
 REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact were redone because the patient state moved meanwhile")
+RECOVERIES = Counter("stam_state_recoveries_total",
+                     "Times the worker found the state store behind the transition log and rebuilt it")
+RECOVERED_PATIENTS = Counter("stam_state_recovered_patients_total",
+                             "Patients rebuilt from the transition log after the state store lost writes")
+BACKGROUND_FAILURES = Counter("stam_background_failures_total",
+                              "Failures of the worker's timers and background tasks (retried; never fatal)",
+                              ["task", "error_type"])
 DEAD_LETTERS = Counter("stam_dead_letters_total", "Messages sent to the dead-letter topic",
                        ["stage", "error_type"])
 QUERIES = Counter("stam_queries_total", "Queries answered, by channel, outcome ('ok' or the error kind: "

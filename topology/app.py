@@ -20,6 +20,7 @@ class Topics:
     dead_letters: faust.TopicT
     queries: faust.TopicT
     answers: faust.TopicT
+    checkpoints: faust.TopicT
     audit: faust.TopicT
 
 

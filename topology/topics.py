@@ -38,6 +38,10 @@ TRANSITIONS = TopicSpec("transitions.v1", "Public output: every state transition
 DEAD_LETTERS = TopicSpec("deadletter.v1", "Messages that failed: original bytes, stage, error",
                          "schemas.DeadLetter", timedelta(days=30), internal=False)
 
+CHECKPOINTS = TopicSpec("checkpoints.v1", "Durability checkpoints of the state store (epoch, write counter), "
+                        "written before each offset commit; a store behind the last one is rebuilt from the "
+                        "transitions (stam.recovery)", "stam.recovery.Checkpoint", None, compacted=True)
+
 QUERIES = TopicSpec("queries.v1", "Questions about one patient for the query workers (key = patient id)",
                     "schemas.query.QueryRequest", timedelta(days=1), internal=False)
 ANSWERS = TopicSpec("answers.v1", "Evidence packets and answers, correlated by request_id (key = patient id)",
@@ -46,4 +50,4 @@ ANSWERS = TopicSpec("answers.v1", "Evidence packets and answers, correlated by r
 AUDIT = TopicSpec("audit.v1", "Audit records without patient data (erasure receipts), kept forever",
                   "schemas.ErasureReceipt", None, internal=False)
 
-ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, AUDIT)
+ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, CHECKPOINTS, AUDIT)

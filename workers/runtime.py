@@ -17,6 +17,7 @@ from stam.embedding import Embedder
 from stam.metrics import DEAD_LETTERS
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
+from stam.recovery import Durability
 from stam.stages import Deps
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
@@ -83,6 +84,10 @@ class Runtime:
     settings: Settings
     topics: Topics
     _deps: Deps | None = field(default=None)
+    durability: Durability = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.durability = Durability(self.settings, lambda: self.deps)
 
     @property
     def deps(self) -> Deps:

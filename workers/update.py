@@ -17,12 +17,21 @@ from typing import Any
 import faust
 
 from schemas import ImpactedEntry
-from stam.metrics import MESSAGES, REDONE, TRANSITIONS
-from stam.stages import UpdateResult, decode_outbox, update_batch
-from workers.common import run_batch
+from stam.errors import StateRolledBack
+from stam.metrics import BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
+from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
+from workers.common import STAGE_THREAD, TRANSIENT, run_batch
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")
+
+
+def _failed(task: str, exc: BaseException, delay: float) -> None:
+    BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
+    if isinstance(exc, TRANSIENT) or type(exc).__module__.startswith(("aiokafka", "kafka")):
+        log.warning("%s failed (%s); retrying in %.0fs", task, type(exc).__name__, delay)
+    else:
+        log.error("%s failed; retrying in %.0fs", task, delay, exc_info=exc)
 
 
 def register(app: faust.App, runtime: Runtime) -> Any:
@@ -39,16 +48,51 @@ def register(app: faust.App, runtime: Runtime) -> Any:
 
     @app.task
     async def republish_pending() -> None:
-        """Publish outboxes a previous worker left undelivered (same ids: consumers de-duplicate)."""
+        """Publish outboxes a previous worker left undelivered (same ids: consumers de-duplicate).
+        A store outage at start-up is waited out, never fatal."""
+        delay = 0.5
+        while True:
+            try:
+                await runtime.durability.ready()
+                count = await _republish()
+            except Exception as exc:  # noqa: BLE001 - an outage is waited out; a bug is logged and alerted
+                _failed("republish_pending", exc, delay)
+                runtime.durability.reset()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            if count:
+                log.warning("republished %d undelivered transition outboxes", count)
+            return
+
+    async def _republish() -> int:
         states = runtime.deps.states
         count = 0
         for patient_id, entry_id, raw in states.pending_outboxes():
-            for t in decode_outbox(raw):
-                await topics.transitions.send(key=patient_id.encode(), value=t.model_dump_json().encode())
+            futures = [await topics.transitions.send(key=patient_id.encode(), value=t.model_dump_json().encode())
+                       for t in decode_outbox(raw)]
+            await asyncio.gather(*futures)
             states.clear_outbox(patient_id, entry_id)
             count += 1
-        if count:
-            log.warning("republished %d undelivered transition outboxes", count)
+        return count
+
+    @app.timer(interval=runtime.settings.state_watch_s)
+    async def watch_state_store() -> None:
+        """A store that lost writes is rebuilt from the log as soon as it is back, not at the next entry."""
+        if not runtime.durability.checked:
+            return
+        try:
+            await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, runtime.durability.watch_blocking)
+        except Exception as exc:  # noqa: BLE001 - still down: the next round (or the next entry) tries again
+            _failed("watch_state_store", exc, runtime.settings.state_watch_s)
+
+    def apply(items: list[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
+        try:
+            return update_batch(items, deps)
+        except StateRolledBack:
+            # The store lost writes while this worker ran: rebuild from the log, then apply on top of that.
+            runtime.durability.recover_blocking()
+            return update_batch(items, deps)
 
     async def publish(event: faust.EventT[Any], out: UpdateResult) -> None:
         if out.redone:
@@ -73,7 +117,21 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         # per patient and one Redis transaction per batch instead of per entry.
         async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
                 runtime.settings.update_batch, within=0.02):
-            await run_batch(events, stage="update", model=ImpactedEntry, fn=update_batch,
+            await _ready()
+            await run_batch(events, stage="update", model=ImpactedEntry, fn=apply,
                             runtime=runtime, on_result=publish)
+
+    async def _ready() -> None:
+        # Nothing is applied before the store has been checked against its last durable checkpoint.
+        delay = 0.5
+        while True:
+            try:
+                await runtime.durability.ready()
+                return
+            except Exception as exc:  # noqa: BLE001 - an outage is waited out; a bug is logged and alerted
+                _failed("durability_check", exc, delay)
+                runtime.durability.reset()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     return update

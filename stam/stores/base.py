@@ -131,3 +131,18 @@ class StateStore(ABC):
 
     @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...
+
+    def marks(self) -> tuple[str | None, int]:
+        """Durability marks (epoch, write counter); a store without them answers (None, 0)."""
+        return None, 0
+
+    def seen_marks(self) -> tuple[str | None, int]:
+        """The highest marks this process wrote or checked."""
+        return None, 0
+
+    def expect_marks(self, epoch: str | None, wseq: int) -> None:  # noqa: B027 - optional, see RedisStateStore
+        """Refuse later commits on a store whose marks are behind these."""
+
+    def ensure_marks(self, at_least: int = 0) -> tuple[str | None, int]:
+        """Give the store an epoch and a write counter of at least ``at_least``."""
+        return self.marks()

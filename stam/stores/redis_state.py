@@ -9,13 +9,18 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
                                     at read time; not in the transition log, so a rebuild does not restore it)
 - ``<prefix>:{<patient>}:outbox:<entry>``  transitions of an applied entry not yet confirmed delivered
 - ``<prefix>:patients``            set of patient ids (for erasure and export tooling)
+- ``<prefix>:epoch``, ``<prefix>:wseq``  durability marks: an id set once when the store is first written,
+                                    and a counter every commit increments. A store that lost writes shows a
+                                    lower counter (or another epoch) than a writer has seen or checkpointed.
 
-A commit uses WATCH/MULTI on the version key, so two writers cannot silently overwrite each other.
+A commit uses WATCH/MULTI on the version key, so two writers cannot silently overwrite each other; it also
+watches the durability marks and refuses (``StateRolledBack``) to write on a store that went backwards.
 A warm per-process cache of :class:`PatientState` is checked against the version key on every load.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,7 +30,7 @@ from typing import Any
 import redis
 
 from schemas import StoredMemory
-from stam.errors import ConcurrentUpdate
+from stam.errors import ConcurrentUpdate, StateRolledBack
 from stam.state import PatientState
 from stam.stores import rows
 from stam.stores.base import Commit, StateStore
@@ -40,6 +45,38 @@ class RedisStateStore(StateStore):
         self._cache_size = cache_size
         self._lock = Lock()
         self._pinned: dict[str, int] = {}
+        self._seen: tuple[str | None, int] = (None, 0)
+        """The highest durability marks (epoch, write counter) this process has written or checked."""
+
+    def marks(self) -> tuple[str | None, int]:
+        """The store's durability marks now: (epoch or None for an empty store, write counter)."""
+        epoch, wseq = self._r.mget([f"{self._prefix}:epoch", f"{self._prefix}:wseq"])
+        return (epoch.decode() if isinstance(epoch, bytes) else epoch), int(wseq or 0)
+
+    def seen_marks(self) -> tuple[str | None, int]:
+        return self._seen
+
+    def expect_marks(self, epoch: str | None, wseq: int) -> None:
+        """From now on refuse to commit on a store whose marks are behind these (a checkpoint, a recovery)."""
+        self._seen = (epoch, wseq)
+
+    def ensure_marks(self, at_least: int = 0) -> tuple[str, int]:
+        """Give an empty (or recovered) store an epoch and a counter of at least ``at_least``."""
+        self._r.set(f"{self._prefix}:epoch", uuid.uuid4().hex, nx=True)
+        wseq = int(self._r.get(f"{self._prefix}:wseq") or 0)
+        if wseq < at_least:
+            wseq = int(self._r.incrby(f"{self._prefix}:wseq", at_least - wseq))
+        epoch, wseq = self.marks()
+        assert epoch is not None
+        self._seen = (epoch, wseq)
+        return epoch, wseq
+
+    def _check_marks(self, epoch: bytes | str | None, wseq: bytes | str | None) -> None:
+        seen_epoch, seen_wseq = self._seen
+        now_epoch = epoch.decode() if isinstance(epoch, bytes) else epoch
+        if seen_epoch is not None and (now_epoch != seen_epoch or int(wseq or 0) < seen_wseq):
+            raise StateRolledBack(f"state store went backwards: write counter {int(wseq or 0)} < {seen_wseq} "
+                                  f"or epoch changed ({now_epoch != seen_epoch})")
 
     def _key(self, patient_id: str, part: str) -> str:
         return f"{self._prefix}:{{{patient_id}}}:{part}"
@@ -86,10 +123,12 @@ class RedisStateStore(StateStore):
 
     def commit_many(self, commits: Sequence[Commit]) -> None:
         ver_keys = [self._key(c.patient_id, "ver") for c in commits]
+        mark_keys = [f"{self._prefix}:epoch", f"{self._prefix}:wseq"]
         with self._r.pipeline(transaction=True) as pipe:
             try:
-                pipe.watch(*ver_keys)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
-                stored = pipe.mget(ver_keys)
+                pipe.watch(*ver_keys, *mark_keys)  # type: ignore[no-untyped-call]  # redis-py leaves watch untyped
+                *stored, epoch, wseq = pipe.mget(ver_keys + mark_keys)
+                self._check_marks(epoch, wseq)
                 for c, current in zip(commits, stored, strict=True):
                     if int(current or 0) != c.expected_version:
                         raise ConcurrentUpdate(
@@ -108,7 +147,12 @@ class RedisStateStore(StateStore):
                     for entry_id, outbox in c.outboxes.items():
                         pipe.set(self._key(pid, f"outbox:{entry_id}"), outbox)
                     pipe.sadd(f"{self._prefix}:patients", pid)
-                pipe.execute()
+                if epoch is None:
+                    pipe.set(mark_keys[0], uuid.uuid4().hex, nx=True)
+                pipe.incr(mark_keys[1])
+                pipe.mget(mark_keys)
+                *_, (new_epoch, new_wseq) = pipe.execute()
+                self._seen = (new_epoch.decode() if isinstance(new_epoch, bytes) else new_epoch, int(new_wseq))
             except (redis.WatchError, ConcurrentUpdate) as exc:
                 for c in commits:
                     self._forget(c.patient_id)

