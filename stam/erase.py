@@ -122,13 +122,25 @@ def mark_erased(client: redis.Redis, prefix: str, patient_id: str) -> None:
     client.sadd(f"{prefix}:erased", digest)  # type: ignore[arg-type]
 
 
+class ErasureRegister:
+    """Which patients were erased (the register, or a shredded data key): for the paths that could bring one back
+    from the transition log (``stam rebuild``, the worker's recovery after a store loss)."""
+
+    def __init__(self, settings: Settings, client: redis.Redis) -> None:
+        self._client = client
+        self._prefix = settings.collection_prefix
+        self._crypto = Crypto(settings, client)
+
+    def erased(self, patient_id: str) -> bool:
+        digest = _register_digest(self._client, self._prefix, patient_id, create=False)
+        if digest is not None and self._client.sismember(f"{self._prefix}:erased", digest):
+            return True
+        return self._crypto.erased(patient_id)
+
+
 def is_erased(settings: Settings, client: redis.Redis, patient_id: str) -> bool:
     """True when the patient was erased (the register, or a shredded data key)."""
-    prefix = settings.collection_prefix
-    digest = _register_digest(client, prefix, patient_id, create=False)
-    if digest is not None and client.sismember(f"{prefix}:erased", digest):
-        return True
-    return Crypto(settings, client).erased(patient_id)
+    return ErasureRegister(settings, client).erased(patient_id)
 
 
 # --- what the patient has, where -------------------------------------------------------------------

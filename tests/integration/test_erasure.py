@@ -257,3 +257,31 @@ def test_erase_with_the_append_only_file_on(erased: dict[str, Any]) -> None:
         assert found["residuals"][place] == 0, (place, found["where"][place])
     assert _export(client, last) == erased["before"][last]
     client.delete("erasure-test-marker")
+
+
+def test_recovery_from_the_log_does_not_bring_erased_patients_back(erased: dict[str, Any]) -> None:
+    """After a store loss the worker rebuilds every patient whose state is behind the transition log; an erased
+    patient is behind the log by design and must stay erased. Both erased patients' transitions are still on the
+    topic (until crypto-shredding lands); the live patient, made to lose its state, is rebuilt."""
+    from stam.recovery import read_log, recover
+    from workers.runtime import build_deps
+
+    s, client = erased["settings"], erased["client"]
+    gone = [erased["target"], erased["others"][0]]  # the second was erased by the AOF test
+    live = erased["others"][1]
+    logged = asyncio.run(read_log(s))
+    if not SHREDDING:
+        assert set(gone) <= set(logged)
+    version = RedisStateStore(client).version(live)
+    deps = build_deps(s)
+    try:
+        deps.states.erase_patient(live)  # a loss: the live patient is now behind the log
+        deps.vectors.erase_patient(live)
+        report = recover(s, deps)
+    finally:
+        deps.vectors.close()
+    assert report.rebuilt == 1
+    assert RedisStateStore(client).version(live) == version
+    for pid in gone:
+        assert RedisStateStore(client).version(pid) == 0
+    assert RedisStateStore(client).patients() == [live]
