@@ -455,7 +455,11 @@ async def _raw_topic_scan(settings: Settings, needles: list[bytes]) -> list[dict
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest")
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()
+        raise
     found: list[dict[str, Any]] = []
     try:
         names = {spec.name(settings.topic_prefix) for spec in t.ALL} & set(await consumer.topics())
@@ -787,13 +791,14 @@ def _rewrite_redis_files(client: redis.Redis, report: Report) -> None:
         done.append("append-only file rewritten (BGREWRITEAOF)")
     _wait(client, "rdb_bgsave_in_progress")
     last = int(_info(client).get("rdb_last_save_time", 0))
-    started = time.time()
+    while time.time() < last + 1:  # the save time has one-second resolution: start in a later second than it
+        time.sleep(0.05)
+    started = int(time.time())
     client.bgsave()
     deadline = time.monotonic() + 300
     while True:
         info = _info(client)
-        if not int(info.get("rdb_bgsave_in_progress", 0)) and int(info.get("rdb_last_save_time", 0)) >= max(
-                last + (1 if last >= int(started) else 0), int(started)):
+        if not int(info.get("rdb_bgsave_in_progress", 0)) and int(info.get("rdb_last_save_time", 0)) >= started:
             break
         if time.monotonic() > deadline:
             raise TimeoutError("Redis BGSAVE did not finish in 300 s")

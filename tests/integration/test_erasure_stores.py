@@ -214,3 +214,17 @@ def test_milvus_lite_rewrite_repairs_writes_that_landed_during_it(deps: Any, sma
     kept = [{k: r[k] for k in ("memory_id", "patient_id", "store", "vector")} for r in copied]
     fixed = _repair(settings, mc, name, "memory_id", kept, before, client)
     assert fixed > 0 and milvus_stores() == expected
+
+
+@pytest.mark.timeout(60)
+def test_redis_files_rewritten_when_the_last_save_was_this_very_second(client: Any) -> None:
+    """The RDB save time has one-second resolution: a BGSAVE right after another save must still be waited for
+    (and not forever: a save in the same second as the previous one once never looked finished)."""
+    from stam.erase import _rewrite_redis_files
+
+    client.set("k", "v")
+    client.save()
+    report = Report()
+    _rewrite_redis_files(client, report)
+    assert report.steps["redis_files"] == "RDB snapshot saved (BGSAVE)"
+    assert int(client.info("persistence")["rdb_changes_since_last_save"]) == 0
