@@ -24,7 +24,8 @@ on ``stam.audit.v1``:
 
 Running query workers: their timeline caches are keyed by the patient's state version, which erasure removes
 (version 0), so the next query misses the cache, finds no memory and answers ``not_found``, like an unknown
-patient, and replaces the cached timeline with the empty one.
+patient. Erasure also increments ``<prefix>:erasures``, read with the version, and a query process drops every
+timeline it holds when that count moves: a patient erased and re-created up to the same version is read anew.
 """
 
 from __future__ import annotations
@@ -614,7 +615,8 @@ def _erase_redis(client: redis.Redis, prefix: str, patient_id: str, report: Repo
     pipe.srem(f"{prefix}:patients", patient_id)
     if names:
         pipe.delete(*names)
-    srem, *rest = pipe.execute()
+    pipe.incr(f"{prefix}:erasures")  # query processes drop the timelines they hold (keyed by version)
+    srem, _, *rest = pipe.execute()
     deleted = rest[0] if rest else 0
     report.removed["redis_keys"] = int(deleted)
     report.removed["patients_set"] = int(srem)

@@ -215,6 +215,10 @@ class RedisStateStore(StateStore):
         raw = self._r.hget(self._key(patient_id, "src"), entry_id)
         return raw.decode() if isinstance(raw, bytes) else raw
 
+    def version_and_erasures(self, patient_id: str) -> tuple[int, int]:
+        ver, erasures = self._r.mget([self._key(patient_id, "ver"), f"{self._prefix}:erasures"])
+        return int(ver or 0), int(erasures or 0)
+
     def erase_patient(self, patient_id: str) -> int:
         keys = list(self._r.scan_iter(match=self._key(patient_id, "*").replace("{", "\\{").replace("}", "\\}")))
         removed = self._r.delete(*keys) if keys else 0

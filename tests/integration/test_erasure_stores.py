@@ -228,3 +228,44 @@ def test_redis_files_rewritten_when_the_last_save_was_this_very_second(client: A
     _rewrite_redis_files(client, report)
     assert report.steps["redis_files"] == "RDB snapshot saved (BGSAVE)"
     assert int(client.info("persistence")["rdb_changes_since_last_save"]) == 0
+
+
+def test_query_cache_never_serves_an_erased_patient_recreated_to_the_same_version(deps: Any, small_bundle: Any
+                                                                                   ) -> None:
+    """The query process keeps timelines by state version. Erased, then re-created (another record under the same
+    id) up to the same version, the patient must be read anew, not served the erased timeline from the cache."""
+    import asyncio
+
+    from schemas.query import QueryRequest
+    from stam.sources.fhir_r4 import load_bundle
+    from stam.stages import process_entry
+    from tests.conftest import BUNDLES, SMALL_PATIENT
+    from tests.integration.test_query_outages import _service
+
+    n = 40
+    for e in small_bundle.entries[:n]:
+        process_entry(e, deps)
+    svc = _service(deps)
+    try:
+        def served() -> set[str]:
+            req = QueryRequest(request_id=f"r-{len(deps.states.patients())}", patient_id=SMALL_PATIENT,
+                               question="What are the current conditions and medications?")
+            answer = asyncio.run(svc.answer(req))
+            assert answer.ok and answer.packet is not None, answer.error
+            return {i.memory_id for i in answer.packet.items}
+
+        old = served()
+        assert old and svc.cache.get(SMALL_PATIENT, n, 0) is not None
+        report = Report()
+        _erase_redis(deps.states._r, "stam", SMALL_PATIENT, report)
+        deps.vectors.erase_patient(SMALL_PATIENT)
+        other = load_bundle(BUNDLES / "22bbe238-220e-495c-8abc-0ce3aa28a605.json").entries[:n]
+        for e in other:
+            process_entry(e.model_copy(update={"patient_id": SMALL_PATIENT}), deps)
+        assert deps.states.version(SMALL_PATIENT) == n
+        new = served()
+        assert new and not (new & old), "served the erased patient's memories from the cache"
+        current = {m for m in deps.states.load(SMALL_PATIENT).memories}
+        assert new <= current
+    finally:
+        svc.close()
