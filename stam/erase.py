@@ -364,8 +364,11 @@ def _parquet_strings(path: Path) -> Iterable[bytes]:
     import pyarrow.parquet as pq
 
     try:
-        if path.suffix == ".parquet":
-            table = pq.read_table(path)
+        if path.suffix == ".parquet":  # only the text columns (not the vectors)
+            schema = pq.read_schema(path)
+            text = [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                    or pa.types.is_binary(f.type)]
+            table = pq.read_table(path, columns=text)
         elif path.suffix == ".arrow":
             with pa.memory_map(str(path)) as src:
                 try:
