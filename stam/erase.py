@@ -616,9 +616,9 @@ def _erase_redis(client: redis.Redis, prefix: str, patient_id: str, report: Repo
     names = keys["state"] + keys["outboxes"]
     pipe = client.pipeline(transaction=True)
     pipe.srem(f"{prefix}:patients", patient_id)
+    pipe.incr(f"{prefix}:erasures")  # query processes drop the timelines they hold (keyed by version)
     if names:
         pipe.delete(*names)
-    pipe.incr(f"{prefix}:erasures")  # query processes drop the timelines they hold (keyed by version)
     srem, _, *rest = pipe.execute()
     deleted = rest[0] if rest else 0
     report.removed["redis_keys"] = int(deleted)
