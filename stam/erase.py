@@ -160,25 +160,18 @@ def _state_key(prefix: str, patient_id: str, part: str) -> str:
     return RedisStateStore(None, prefix=prefix)._key(patient_id, part)  # type: ignore[arg-type]
 
 
-_OTHER_PATIENT = re.compile(r"\}:(?:ver|graph|mem|tl|src|outbox:)")
-
-
 def redis_keys(client: redis.Redis, prefix: str, patient_id: str) -> dict[str, list[str]]:
-    """The patient's Redis keys by exact name: state parts that exist, and pending outboxes (found by a SCAN whose
-    pattern escapes the id, each match checked to be this patient's key and not another patient's whose id starts
-    with this one)."""
+    """The patient's Redis keys by exact name: the state parts that exist, pending outboxes, and any other key in
+    the patient's namespace ``<prefix>:{<patient>}:`` (parts added later, such as record gaps). Found by a SCAN
+    whose pattern escapes the id; a match whose rest holds ``}`` is another patient's (an id that starts with
+    this one and a brace), never this one's, and is left alone."""
     fixed = [_state_key(prefix, patient_id, p) for p in STATE_PARTS]
-    pipe = client.pipeline(transaction=False)
-    for k in fixed:
-        pipe.exists(k)
-    present = [k for k, n in zip(fixed, pipe.execute(), strict=True) if n]
-    head = _state_key(prefix, patient_id, "outbox:")
-    outboxes = []
-    for key in client.scan_iter(match=_glob_escape(head) + "*", count=1000):
-        name = _name(key)
-        if name.startswith(head) and not _OTHER_PATIENT.search(name[len(head):]):
-            outboxes.append(name)
-    return {"state": present, "outboxes": sorted(outboxes)}
+    head = _state_key(prefix, patient_id, "")
+    found = sorted(name for key in client.scan_iter(match=_glob_escape(head) + "*", count=1000)
+                   if (name := _name(key)).startswith(head) and "}" not in name[len(head):])
+    outbox = _state_key(prefix, patient_id, "outbox:")
+    return {"state": [k for k in fixed if k in found], "outboxes": [k for k in found if k.startswith(outbox)],
+            "other": [k for k in found if k not in fixed and not k.startswith(outbox)]}
 
 
 def _milvus_client(settings: Settings) -> Any:
@@ -257,7 +250,7 @@ def plan(settings: Settings, patient_id: str, *, client: redis.Redis | None = No
     prefix = settings.collection_prefix
     keys = redis_keys(client, prefix, patient_id)
     counts: dict[str, int] = {
-        "redis_keys": len(keys["state"]) + len(keys["outboxes"]),
+        "redis_keys": len(keys["state"]) + len(keys["outboxes"]) + len(keys["other"]),
         "memories": int(client.hlen(_state_key(prefix, patient_id, "mem"))),
         "source_texts": int(client.hlen(_state_key(prefix, patient_id, "src"))),
         "outboxes": len(keys["outboxes"]),
@@ -307,7 +300,7 @@ def pick_samples(settings: Settings, patient_id: str, *, client: redis.Redis, n:
     if not candidates:
         return []
     keys = redis_keys(client, prefix, patient_id)
-    own = set(keys["state"]) | set(keys["outboxes"])
+    own = set(keys["state"]) | set(keys["outboxes"]) | set(keys["other"])
     found = _redis_hits(client, [_variants(c) for c in candidates], exclude=own)
     return [c for c, hits in zip(candidates, found, strict=True) if not hits][:n]
 
@@ -613,7 +606,7 @@ def _erase_redis(client: redis.Redis, prefix: str, patient_id: str, report: Repo
     report.removed["memories"] = int(client.hlen(_state_key(prefix, patient_id, "mem")))
     report.removed["source_texts"] = int(client.hlen(_state_key(prefix, patient_id, "src")))
     report.removed["outboxes"] = len(keys["outboxes"])
-    names = keys["state"] + keys["outboxes"]
+    names = keys["state"] + keys["outboxes"] + keys["other"]
     pipe = client.pipeline(transaction=True)
     pipe.srem(f"{prefix}:patients", patient_id)
     pipe.incr(f"{prefix}:erasures")  # query processes drop the timelines they hold (keyed by version)

@@ -46,7 +46,7 @@ def _keys(c: Any) -> set[str]:
 def _fill(c: Any, pid: str) -> None:
     for part in ("ver", "graph", "outbox:fhir-r4:Observation/1:abc"):
         c.set(f"stam:{{{pid}}}:{part}", f"data of {pid}")
-    for part in ("mem", "tl", "src"):
+    for part in ("mem", "tl", "src", "gaps"):  # gaps: a part another branch adds; erasure takes every part
         c.hset(f"stam:{{{pid}}}:{part}", mapping={"m-1": f"data of {pid}", "m-2": "more"})
     c.sadd("stam:patients", pid)
 
@@ -60,11 +60,11 @@ def test_redis_erasure_deletes_only_the_patients_own_keys(client: Any, hostile: 
     report = Report()
     _erase_redis(client, "stam", hostile, report)
     gone = before - _keys(client)
-    assert gone == {f"stam:{{{hostile}}}:{p}" for p in ("ver", "graph", "mem", "tl", "src",
+    assert gone == {f"stam:{{{hostile}}}:{p}" for p in ("ver", "graph", "mem", "tl", "src", "gaps",
                                                          "outbox:fhir-r4:Observation/1:abc")}
-    assert report.removed["redis_keys"] == 6 and report.removed["outboxes"] == 1 and report.removed["memories"] == 2
+    assert report.removed["redis_keys"] == 7 and report.removed["outboxes"] == 1 and report.removed["memories"] == 2
     assert {m.decode() for m in client.smembers("stam:patients")} == {*others, hostile} - {hostile}
-    assert redis_keys(client, "stam", hostile) == {"state": [], "outboxes": []}
+    assert redis_keys(client, "stam", hostile) == {"state": [], "outboxes": [], "other": []}
 
 
 def test_register_holds_no_id_and_rebuild_sees_it(client: Any, tmp_path: Path) -> None:
