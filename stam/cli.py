@@ -213,6 +213,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from stam.integrity import SourceConfigError
     from stam.publish import publish_paths
 
     settings = load_settings()
@@ -225,7 +226,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     tables = args.tables.split(",") if args.tables else None
     try:
         summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
-                                            progress=progress, subjects=subjects, tables=tables))
+                                            progress=progress, subjects=subjects, tables=tables,
+                                            source_system=args.source_system))
+    except SourceConfigError as exc:
+        print(f"stam publish: {exc}", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     print(json.dumps(summary.as_dict()))
@@ -812,6 +817,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", default=None, help="MIMIC-IV: comma-separated tables (default: all of "
                    + ", ".join(MIMIC_TABLES) + ")")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--source-system", default=None, help="sign every entry as this source system, with its secret "
+                   "from STAM_SOURCES / STAM_SOURCES_FILE (required where the workers require signed entries)")
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("query-worker", help="run the query consumer (queries topic -> answers topic, HTTP "
