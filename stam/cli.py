@@ -214,7 +214,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from stam.integrity import SourceConfigError
+    from stam.integrity import SourceConfigError, source_keys
     from stam.publish import publish_paths
 
     settings = load_settings()
@@ -226,6 +226,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
     try:
+        if args.source_system is None and source_keys(settings).require_signed:
+            raise SourceConfigError("signed entries are required (STAM_SOURCES / STAM_REQUIRE_SIGNED_ENTRIES): pass "
+                                    "--source-system NAME, or the workers dead-letter every entry")
         summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
                                             progress=progress, subjects=subjects, tables=tables,
                                             source_system=args.source_system))

@@ -79,6 +79,9 @@ class Settings(BaseSettings):
         "on when any source is configured")
     query_tokens_file: Path | None = Field(
         default=None, description="Query tokens with scopes (`stam token new` writes entries); see README Security")
+    query_kafka_require_token: bool = Field(
+        default=False, description="Queries on the queries topic must carry a token (Kafka header `authorization`: "
+        "`Bearer <token>`) and are answered within its scope; off: the topic is trusted (restrict it by ACL)")
 
     # --- language model (free text) -------------------------------------------------------------------
     llm_url: str = Field(default="", description="OpenAI-compatible base URL of the reasoning model (the Ray "

@@ -2,7 +2,8 @@
 
 - Kafka: consumes ``stam.queries.v1`` (QueryRequest, key = patient id) and produces ``stam.answers.v1``
   (QueryAnswer, same key, correlated by ``request_id``). A message that is not a valid QueryRequest goes to
-  the dead-letter topic with its bytes; the stream goes on.
+  the dead-letter topic with its bytes; the stream goes on. With ``STAM_QUERY_KAFKA_REQUIRE_TOKEN`` a query
+  carries ``authorization: Bearer <token>`` as a Kafka header and is answered within that token's scope.
 - HTTP: ``POST /v1/query`` with a QueryRequest JSON body (``request_id`` may be omitted) and
   ``Authorization: Bearer <token>`` returns the QueryAnswer. Tokens carry scopes (stam/read/scopes.py): a
   patient the token may not read gets the very answer (404, same body) a patient that does not exist gets.
@@ -20,6 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import faust
@@ -135,6 +137,15 @@ async def read_query(request: Any) -> QueryRequest | tuple[int, str]:
         return 400, f"invalid query: {exc}"[:2000]
 
 
+def kafka_header(event: Any, name: str) -> str | None:
+    """A Kafka header of a query as text (None when absent or not ASCII)."""
+    headers = event.message.headers or []
+    for k, v in headers.items() if isinstance(headers, dict) else headers:
+        if k == name and isinstance(v, bytes):
+            return v.decode("ascii") if v.isascii() else None
+    return None
+
+
 def build(settings: Settings) -> tuple[faust.App, Runtime]:
     app, topics = create_app(settings, app_id=settings.query_app_id, web_port=settings.query_web_port,
                              web_host=settings.query_web_host)
@@ -159,6 +170,17 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             return failed_answer(req, exc, started)
         return await svc.answer(req)
 
+    async def scoped(req: QueryRequest, grant: Grant | None) -> QueryAnswer:
+        """The answer within a token's scope: a patient it may not read gets the very answer a patient that does
+        not exist gets (decided before any store is read)."""
+        if grant is None:
+            return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=False, error_kind="invalid",
+                               error="missing or wrong token", answered_at=datetime.now(UTC), latency_ms=0.0)
+        if not grant.allows(req.patient_id):
+            return concealed_not_found(req)
+        answer = await respond(req)
+        return concealed_not_found(req) if answer.error_kind == "not_found" else answer
+
     @app.agent(topics.queries, name="stam.query")
     async def query(stream: faust.StreamT[Any]) -> None:
         async for event in stream.events():
@@ -167,7 +189,10 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             except (ValidationError, ValueError, TypeError) as exc:
                 await runtime.dead_letter(event, "query", exc)
                 continue
-            answer = await respond(req)
+            if settings.query_kafka_require_token:
+                answer = await scoped(req, scopes.authenticate(kafka_header(event, "authorization")))
+            else:
+                answer = await respond(req)
             observe(answer, "kafka")
             await topics.answers.send(key=req.patient_id.encode(), value=answer.model_dump_json().encode())
 
@@ -196,12 +221,7 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             req = await read_query(request)
             if isinstance(req, tuple):
                 return self.json({"ok": False, "error_kind": "invalid", "error": req[1]}, status=req[0])
-            if not grant.allows(req.patient_id):
-                answer = concealed_not_found(req)  # the very answer a patient that does not exist gets
-            else:
-                answer = await respond(req)
-                if answer.error_kind == "not_found":
-                    answer = concealed_not_found(req)
+            answer = await scoped(req, grant)
             observe(answer, "http")
             log.debug("http query answered in %.1f ms", (time.perf_counter() - started) * 1000)
             status, headers = http_status(answer)

@@ -107,8 +107,8 @@ def register(app: faust.App, runtime: Runtime) -> Any:
                 TRANSITIONS.labels(kind=t.kind.value, reason=t.reason.value if t.reason else "").inc()
                 for r in t.refused:
                     ARCHIVE_REFUSED.labels(reason=r.reason.value).inc()
-                    log.warning("archival refused by the source-identity rule: transition=%s memory=%s why=%s",
-                                t.transition_id, r.memory_id, r.why)
+                    log.warning("archival refused by the source-identity rule: transition=%s memory=%s reason=%s "
+                                "(why: on the transition)", t.transition_id, r.memory_id, r.reason.value)
         if futures:
             first = out.transitions[0]
             task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))

@@ -12,11 +12,14 @@ import time
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stam.read.scopes import new_token
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process
+from topology import topics as t
+from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +39,7 @@ def scoped(stack_settings: Any, worker: Any, small_bundle: Any) -> Any:
               "ghost": new_token(path, "ghost", "service:ghost", [GHOST])}
     port = _free_port()
     with _stam_process(stack_settings, "query-worker", "query-worker-scopes.log", STAM_QUERY_WEB_PORT=str(port),
-                       STAM_QUERY_TOKENS_FILE=str(path)) as proc:
+                       STAM_QUERY_TOKENS_FILE=str(path), STAM_QUERY_KAFKA_REQUIRE_TOKEN="true") as proc:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert proc.poll() is None, (stack_settings.home / "query-worker-scopes.log").read_text()[-3000:]
@@ -151,3 +154,47 @@ def test_every_malformed_request_is_a_4xx(scoped: Any) -> None:
     assert statuses.get(413, 0) >= 2 and statuses.get(401, 0) >= 10 and statuses.get(400, 0) >= 200, statuses
     # ... and the endpoint still answers a good query.
     assert _ask(port, tokens["ward"], SMALL_PATIENT)[0] == 200
+
+
+def test_queries_on_the_topic_are_answered_within_their_tokens_scope(stack_settings: Any, scoped: Any) -> None:
+    _, tokens = scoped
+    asks = {"k-none": (SMALL_PATIENT, None), "k-wrong": (SMALL_PATIENT, "stam_wrong"),
+            "k-forbidden": (SMALL_PATIENT, tokens["ghost"]), "k-missing": (GHOST, tokens["ghost"]),
+            "k-allowed": (SMALL_PATIENT, tokens["small"])}
+
+    async def roundtrip() -> dict[str, dict[str, Any]]:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(stack_settings))
+        await producer.start()
+        try:
+            for rid, (patient, token) in asks.items():
+                body = {"request_id": rid, "patient_id": patient, "question": "What is the body height?",
+                        "answer": False}
+                await producer.send_and_wait(t.QUERIES.name(stack_settings.topic_prefix), key=patient.encode(),
+                                             value=json.dumps(body).encode(),
+                                             headers=[("authorization", f"Bearer {token}".encode())] if token else [])
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(t.ANSWERS.name(stack_settings.topic_prefix),
+                                    bootstrap_servers=bootstrap(stack_settings), auto_offset_reset="earliest",
+                                    group_id=None)
+        await consumer.start()
+        got: dict[str, dict[str, Any]] = {}
+        try:
+            end = time.monotonic() + 180
+            while time.monotonic() < end and set(asks) - set(got):
+                for recs in (await consumer.getmany(timeout_ms=500)).values():
+                    for r in recs:
+                        a = json.loads(r.value)
+                        if a["request_id"] in asks:
+                            got[a["request_id"]] = a
+        finally:
+            await consumer.stop()
+        return got
+
+    got = asyncio.run(roundtrip())
+    assert set(got) == set(asks)
+    assert got["k-allowed"]["ok"] and got["k-allowed"]["packet"]["items"]
+    assert [got[k]["error_kind"] for k in ("k-none", "k-wrong")] == ["invalid", "invalid"]
+    forbidden, missing = got["k-forbidden"], got["k-missing"]
+    assert forbidden["error_kind"] == missing["error_kind"] == "not_found"
+    assert forbidden["error"] == missing["error"] and forbidden["latency_ms"] == missing["latency_ms"] == 0
