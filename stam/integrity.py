@@ -56,6 +56,12 @@ class SignatureError(StamError):
     a signature that does not verify). Dead-lettered by the extract stage with this text as the reason."""
 
 
+class EntryIdCollision(StamError):
+    """An entry whose id was already applied from another source system (or unsigned): dead-lettered, never
+    taken for a redelivery (memory ids derive from entry ids, so the first one to use an id would hide the
+    other's entry)."""
+
+
 class SourceConfigError(StamError):
     """The configured source systems cannot be read (a user's configuration mistake)."""
 

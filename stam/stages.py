@@ -38,7 +38,7 @@ from schemas import (
 from stam.embedding import Embedder
 from stam.errors import ConcurrentUpdate, ReasoningError
 from stam.ids import transition_id
-from stam.integrity import archive_refusal, stamp
+from stam.integrity import EntryIdCollision, archive_refusal, stamp
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
@@ -331,6 +331,10 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             w = work[pid] = _PatientWork(base_version=current.version, state=current.copy())
         state = w.state
         if x.memories and all(state.get(m.memory_id) for m in x.memories):
+            if any(state.memories[m.memory_id].memory.source_system != m.source_system for m in x.memories):
+                # Not a redelivery: another source system (or an unsigned producer) used this entry id first.
+                raise EntryIdCollision("entry id already applied from another source system; not applied "
+                                       "(a forged entry may have taken the id first)")
             pending = None if x.entry.entry_id in w.outboxes else deps.states.pending_outbox(pid, x.entry.entry_id)
             results.append(UpdateResult(decode_outbox(pending) if pending else [], state.version, duplicate=True))
             continue
