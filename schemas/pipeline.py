@@ -91,6 +91,15 @@ class UpdateDecision(WireModel):
     rationale: str | None = None
 
 
+class RefusedArchive(WireModel):
+    """An archival the reasoner proposed that the source-identity rule refused (stam/integrity.py): the fact
+    stays where it was."""
+
+    memory_id: NonEmptyStr
+    reason: Reason = Field(description="The archival reason that was proposed")
+    why: str = Field(description="Why it was refused (source systems involved, never patient data)")
+
+
 class TransitionKind(StrEnum):
     ADDED = "added"
     """A new memory entered a store (ACTIVE, or HISTORY directly when it describes a prior state)."""
@@ -128,6 +137,9 @@ class TransitionEvent(WireModel):
     relations: tuple[Relation, ...] = Field(
         default=(), description="For kind=added: the relations this entry added from this memory, so the "
         "relation graph can be rebuilt from the log")
+    refused: tuple[RefusedArchive, ...] = Field(
+        default=(), description="For kind=added: archivals this memory's evidence proposed and the source-identity "
+        "rule refused (an entry from another source system, or unsigned, cannot retract or amend a fact)")
 
 
 class DeadLetter(WireModel):

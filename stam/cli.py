@@ -8,6 +8,7 @@
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
+  stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
@@ -214,6 +215,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from stam.integrity import SourceConfigError, source_keys
     from stam.publish import publish_paths
 
     settings = load_settings()
@@ -225,12 +227,35 @@ def cmd_publish(args: argparse.Namespace) -> int:
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
     try:
+        if args.source_system is None and source_keys(settings).require_signed:
+            raise SourceConfigError("signed entries are required (STAM_SOURCES / STAM_REQUIRE_SIGNED_ENTRIES): pass "
+                                    "--source-system NAME, or the workers dead-letter every entry")
         summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
-                                            progress=progress, subjects=subjects, tables=tables))
+                                            progress=progress, subjects=subjects, tables=tables,
+                                            source_system=args.source_system))
+    except SourceConfigError as exc:
+        print(f"stam publish: {exc}", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     print(json.dumps(summary.as_dict()))
     return 0 if summary.dead_lettered == 0 else 2
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from stam.read.scopes import TokenConfigError, new_token
+
+    settings = load_settings()
+    path = Path(args.file) if args.file else settings.query_tokens_file or settings.home / "query-tokens.json"
+    try:
+        token = new_token(path, args.name, args.role, args.patient)
+    except (TokenConfigError, OSError, ValueError) as exc:
+        print(f"stam token: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    print(f"token {args.name!r} ({args.role}) added to {path}; only its SHA-256 is kept, so copy it now. The query "
+          f"worker reads the file named by STAM_QUERY_TOKENS_FILE.", file=sys.stderr)
+    return 0
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -865,12 +890,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", default=None, help="MIMIC-IV: comma-separated tables (default: all of "
                    + ", ".join(MIMIC_TABLES) + ")")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--source-system", default=None, help="sign every entry as this source system, with its secret "
+                   "from STAM_SOURCES / STAM_SOURCES_FILE (required where the workers require signed entries)")
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("query-worker", help="run the query consumer (queries topic -> answers topic, HTTP "
                        "POST /v1/query with a bearer token)")
     p.add_argument("--loglevel", default="info")
     p.set_defaults(fn=cmd_query_worker)
+
+    p = sub.add_parser("token", help="create a query token with a scope (clinician: every patient; "
+                       "service:<name>: the listed patients)",
+                       description="Generates a random token, prints it once on stdout and appends its name, role, "
+                       "patients and SHA-256 (never the token) to the tokens file the query worker reads "
+                       "(STAM_QUERY_TOKENS_FILE). See README, Security.")
+    p.add_argument("action", choices=["new"])
+    p.add_argument("--name", required=True, help="unique name of the token (who holds it)")
+    p.add_argument("--role", required=True, help="clinician, or service:<name> with --patient")
+    p.add_argument("--patient", action="append", default=None, help="a patient id a service token may read "
+                   "(repeat)")
+    p.add_argument("--file", default=None, help="tokens file (default: STAM_QUERY_TOKENS_FILE, else "
+                   "<home>/query-tokens.json)")
+    p.set_defaults(fn=cmd_token)
 
     p = sub.add_parser("ask", help="ask about one patient: the evidence packet (and answer when a reader is set)",
                        description="Reads the stores directly with the query worker's code: the patient's concept "

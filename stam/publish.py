@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from schemas import DeadLetter, RecordEntry
 from stam.config import Settings
 from stam.errors import SourceError
+from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
 from stam.sources.fhir_ndjson import load_ndjson
 from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
@@ -43,8 +44,15 @@ class PublishSummary:
 
 
 class Publisher:
-    def __init__(self, settings: Settings) -> None:
+    """Sends entries keyed by patient id; with ``source_system``, each is signed with that configured source's
+    secret (headers ``stam-source``, ``stam-signature``: stam/integrity.py)."""
+
+    def __init__(self, settings: Settings, source_system: str | None = None) -> None:
         self.settings = settings
+        self.source_system = source_system
+        self._keys = source_keys(settings) if source_system else None
+        if self._keys is not None and source_system is not None:
+            self._keys.sign_headers(source_system, b"")  # an unknown source is refused before anything is sent
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), linger_ms=5,
                                           max_batch_size=256 * 1024, acks="all")
 
@@ -66,8 +74,11 @@ class Publisher:
                 wait = start + summary.sent / rate - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            futures.append(await self._producer.send(topic, key=entry.patient_id.encode(),
-                                                     value=entry.model_dump_json().encode()))
+            value = entry.model_dump_json().encode()
+            headers = (self._keys.sign_headers(self.source_system, value)
+                       if self._keys is not None and self.source_system else None)
+            futures.append(await self._producer.send(topic, key=entry.patient_id.encode(), value=value,
+                                                     headers=headers))
             summary.sent += 1
             summary.source(entry.source)["sent"] += 1
             summary.patients.add(entry.patient_id)
@@ -116,8 +127,9 @@ def detect_format(path: Path) -> str:
 async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt: str = "auto",
                         rate: float | None = None, progress: Callable[[int], None] | None = None,
                         subjects: Iterable[str] | None = None,
-                        tables: Iterable[str] | None = None) -> PublishSummary:
+                        tables: Iterable[str] | None = None, source_system: str | None = None) -> PublishSummary:
     """Publish files or folders, each in its detected (or given) format; bad input is dead-lettered.
+    ``source_system``: sign every entry as this configured source system.
 
     ``subjects`` and ``tables`` select MIMIC-IV patients and tables (ignored by other formats).
     """
@@ -129,7 +141,7 @@ async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt:
     unknown = set(groups) - set(FORMATS)
     if unknown:
         raise SourceError(f"unknown format {sorted(unknown)}; known: {', '.join(FORMATS[1:])}")
-    async with Publisher(settings) as pub:
+    async with Publisher(settings, source_system=source_system) as pub:
         if "fhir-ndjson" in groups:
             result = load_ndjson(groups["fhir-ndjson"])
             for bad in result.bad:

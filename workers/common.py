@@ -57,8 +57,10 @@ def _parse(model: type[In], event: faust.EventT[Any]) -> In:
 
 async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: type[In],
                     fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                    on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]]) -> None:
+                    on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]],
+                    parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
     """Validate each event, run the stage on the valid ones in order, hand each result on.
+    ``parse`` replaces the plain schema validation (the extract stage verifies the source signature there).
 
     A batch that fails for a message's fault is re-run one message at a time, so only the faulty
     message is dead-lettered. ``stam_stage_seconds`` records the batch time divided by its size.
@@ -66,7 +68,7 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
     parsed: list[tuple[faust.EventT[Any], In]] = []
     for event in events:
         try:
-            parsed.append((event, _parse(model, event)))
+            parsed.append((event, parse(event) if parse is not None else _parse(model, event)))
         except MESSAGE_FAULTS as exc:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
             await runtime.dead_letter(event, stage, exc)
@@ -80,7 +82,8 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
             await runtime.dead_letter(parsed[0][0], stage, await _last_fault(fn, parsed[0][1], runtime))
             return
         for event, _ in parsed:
-            await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result)
+            await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result,
+                            parse=parse)
         return
     for (event, _), result in zip(parsed, results, strict=True):
         await on_result(event, result)
@@ -124,7 +127,7 @@ async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> No
 
 async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type[In],
                           fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                          dest: faust.TopicT) -> None:
+                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
     """Consume in batches of whatever is waiting (at most ``stage_batch``, 20 ms apart), run the batch
     stage function, send each result on keyed as it came (the patient id)."""
 
@@ -133,4 +136,4 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
 
     # take_events exists on faust-streaming streams but is missing from its StreamT stub.
     async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
-        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on)
+        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on, parse=parse)

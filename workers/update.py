@@ -18,7 +18,7 @@ import faust
 
 from schemas import ImpactedEntry
 from stam.errors import StateRolledBack
-from stam.metrics import BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
+from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
 from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
 from workers.common import STAGE_THREAD, TRANSIENT, run_batch
 from workers.runtime import Runtime
@@ -105,6 +105,10 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         if not out.duplicate:
             for t in out.transitions:
                 TRANSITIONS.labels(kind=t.kind.value, reason=t.reason.value if t.reason else "").inc()
+                for r in t.refused:
+                    ARCHIVE_REFUSED.labels(reason=r.reason.value).inc()
+                    log.warning("archival refused by the source-identity rule: transition=%s memory=%s reason=%s "
+                                "(why: on the transition)", t.transition_id, r.memory_id, r.reason.value)
         if futures:
             first = out.transitions[0]
             task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))
