@@ -208,6 +208,8 @@ def test_outbox_like_and_glob_patient_ids_survive_a_worker_restart(
     transitions, _ = asyncio.run(_read(s, lambda tr, dl: after.entry_id in {x["entry_id"] for x in tr}, 300))
     assert after.entry_id in {x["entry_id"] for x in transitions}, poison_worker.log()
     assert poison_worker.alive(), poison_worker.log()
+    time.sleep(2)
+    assert "republish_pending failed" not in poison_worker.log(tail=10**9)  # the start-up scan went through
     states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
     assert states.load("r:outbox:y").version == 2
     assert states.version("rbc") == 1 and states.version("{r}") == 1 and states.version("[r-z]*") == 1
@@ -223,7 +225,6 @@ def test_publisher_dead_letters_malformed_files_and_publishes_the_rest(stack_set
 
     files = hostile_files(tmp_path / "bad", 15, seed=7)
     shutil.copy(SMALL_BUNDLE, tmp_path / "bad" / "zz-good.json")
-    before = asyncio.run(_read(stack_settings, lambda tr, dl: False, 3))[1]
     paths = [str(p) for _, p in files] + [str(tmp_path / "bad" / "zz-good.json")]
     summary = asyncio.run(publish_paths(stack_settings, paths))
     good = len(_good_entries(1000, "x"))
@@ -231,8 +232,11 @@ def test_publisher_dead_letters_malformed_files_and_publishes_the_rest(stack_set
     assert summary.sent == good + ndjson_good, summary.as_dict()
     # one letter per bad file (the NDJSON files: per bad line; the HL7 file: per message)
     assert summary.dead_lettered == len(files), summary.as_dict()
-    letters = asyncio.run(_read(stack_settings, lambda tr, dl: len(dl) >= len(before) + len(files), 30))[1]
-    new = letters[len(before):]
+
+    def ours(dl: list[dict]) -> list[dict]:
+        return [d for d in dl if str(d.get("source_file") or "").startswith(str(tmp_path))]
+
+    new = ours(asyncio.run(_read(stack_settings, lambda tr, dl: len(ours(dl)) >= len(files), 30))[1])
     assert len(new) == len(files)
     assert all(d["error"] and d["error_type"] and d["stage"].startswith("publish:") for d in new)
     by_file = {Path(d["source_file"]).name: d for d in new}
@@ -244,3 +248,52 @@ def test_publisher_dead_letters_malformed_files_and_publishes_the_rest(stack_set
     line = next(p for k, p in files if k == "ndjson_one_bad_line")
     assert by_file[line.name]["source_line"] == 2 and by_file[line.name]["source_byte_offset"] > 0
     assert base64.b64decode(by_file[line.name]["value"]).startswith(b'{"resourceType": "Condition", "id": "bad"')
+
+
+def test_publisher_refuses_an_entry_that_breaks_a_limit_after_it_was_built(stack_settings: Any) -> None:
+    """An entry copied with an updated field skips validation (pydantic's model_copy): the publisher checks
+    what it sends against the schema's limits and dead-letters the entry instead of sending it."""
+    from stam.publish import Publisher, PublishSummary
+
+    ok = RecordEntry(patient_id="pub-limit", entry_id="pub-limit-1", source="test", text="note")
+    bad = ok.model_copy(update={"patient_id": "p" * 300, "entry_id": "pub-limit-2"})
+
+    async def run() -> PublishSummary:
+        summary = PublishSummary()
+        async with Publisher(stack_settings) as pub:
+            await pub.send_entries([bad, ok], summary)
+        return summary
+
+    summary = asyncio.run(run())
+    assert (summary.sent, summary.dead_lettered) == (1, 1)
+
+    def ours(dl: list[dict]) -> list[dict]:
+        return [d for d in dl if d["stage"] == "publish:test"]
+
+    letters = ours(asyncio.run(_read(stack_settings, lambda tr, dl: bool(ours(dl)), 30))[1])
+    assert [(d["stage"], d["error_type"]) for d in letters] == [("publish:test", "ValidationError")]
+    assert json.loads(base64.b64decode(letters[0]["value"]))["entry_id"] == "pub-limit-2"
+
+
+def test_ctrl_c_during_publish_says_what_was_sent_and_that_rerunning_is_safe(stack_settings: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    s = stack_settings
+    env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, PYTHONPATH=str(REPO),
+               HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "publish", "--quiet", "--rate", "10",
+                             str(SMALL_BUNDLE)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(8)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "interrupted after" in lines[0] and "re-running the same command is safe" in lines[0]
+    sent = int(lines[0].split("interrupted after ")[1].split()[0])
+    assert 0 < sent < 132 and out == ""
