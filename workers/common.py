@@ -95,14 +95,13 @@ def classify(exc: BaseException) -> Fault:
 
 def _milvus(exc: MilvusException) -> Fault:
     code = exc.code
-    if isinstance(exc, _MILVUS_OUTAGE) or exc.retriable or isinstance(code, grpc.StatusCode):
+    if (isinstance(exc, _MILVUS_OUTAGE) or exc.retriable or isinstance(code, grpc.StatusCode)
+            or (isinstance(code, int) and code in _MILVUS_OUTAGE_CODES)):
         return Fault.TRANSIENT
     if exc.is_input_error or isinstance(exc, _MILVUS_INPUT) or _MILVUS_INPUT_TEXT.search(str(exc.message)):
         return Fault.MESSAGE
     if isinstance(code, int) and code in _MILVUS_INPUT_CODES:
         return Fault.MESSAGE
-    if isinstance(code, int) and code in _MILVUS_OUTAGE_CODES:
-        return Fault.TRANSIENT
     return Fault.BUG
 
 

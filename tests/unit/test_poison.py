@@ -86,6 +86,9 @@ def _validation_error() -> ValidationError:
     (redis.ResponseError("MISCONF Redis is configured to save RDB snapshots"), Fault.TRANSIENT),
     (MilvusException(grpc.StatusCode.UNAVAILABLE, "Retry run out of 75 retry times"), Fault.TRANSIENT),
     (ConnectError(message="Fail connecting to server on 127.0.0.1:19530"), Fault.TRANSIENT),
+    # what a killed Milvus Lite server gives (seen in the outage test's worker log)
+    (MilvusException(2, "Fail connecting to server on 127.0.0.1:34027, illegal connection params or server "
+                        "unavailable"), Fault.TRANSIENT),
     (ConcurrentUpdate("moved"), Fault.TRANSIENT),
     (StateRolledBack("went back"), Fault.TRANSIENT),
     (ConnectionRefusedError(), Fault.TRANSIENT),
