@@ -3,6 +3,7 @@
 Topic payloads only; the memory model's behaviour lives in the ``stam`` package.
 """
 
+from schemas.audit import ErasureReceipt, ErasureVerification
 from schemas.common import (
     WIRE_VERSION,
     Category,
@@ -44,6 +45,8 @@ __all__ = [
     "CodeSystem",
     "Coding",
     "DeadLetter",
+    "ErasureReceipt",
+    "ErasureVerification",
     "EvidenceItem",
     "EvidencePacket",
     "ExtractedEntry",

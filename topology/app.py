@@ -22,6 +22,7 @@ class Topics:
     queries: faust.TopicT
     answers: faust.TopicT
     checkpoints: faust.TopicT
+    audit: faust.TopicT
 
 
 def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:

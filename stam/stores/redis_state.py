@@ -117,6 +117,10 @@ class RedisStateStore(StateStore):
         raw = self._r.get(self._key(patient_id, "ver"))
         return int(raw) if raw is not None else 0
 
+    def version_and_erasures(self, patient_id: str) -> tuple[int, int]:
+        ver, erasures = self._r.mget([self._key(patient_id, "ver"), f"{self._prefix}:erasures"])
+        return int(ver or 0), int(erasures or 0)
+
     @contextmanager
     def pinned_versions(self, patient_ids: Iterable[str]) -> Iterator[None]:
         ids = list(patient_ids)
