@@ -300,3 +300,32 @@ def test_ctrl_c_during_publish_says_what_was_sent_and_that_rerunning_is_safe(sta
     assert len(lines) == 1 and "interrupted after" in lines[0] and "re-running the same command is safe" in lines[0]
     sent = int(lines[0].split("interrupted after ")[1].split()[0])
     assert 0 < sent < 132 and out == ""
+
+
+def test_a_stage_output_over_the_broker_limit_dead_letters_its_input_and_the_stream_goes_on(
+        stack_settings: Any, poison_worker: _Worker) -> None:
+    """Reproduction 1, the stage side: an entry within every limit (242 KB, 1,200 observation components)
+    whose extracted payload (one memory per component) is 1.1 MB: the extract agent failed with
+    ProducerSendError(MessageSizeTooLargeError), was restarted and consumed nothing more."""
+    from schemas import Coding, Quantity
+
+    s = stack_settings
+    comps = tuple((Coding(system="http://loinc.org", code=f"c{i}", display="c" * 100 + str(i)),
+                   Quantity(value=float(i), unit="mg")) for i in range(1200))
+    wide = RecordEntry(patient_id=SMALL_PATIENT, entry_id="wide-panel-1", source="test", resource_type="Observation",
+                       codes=(Coding(system="http://loinc.org", code="panel", display="panel"),), components=comps)
+    raw = wide.model_dump_json().encode()
+    good = _good_entries(20, "after-wide")
+    items = [(SMALL_PATIENT.encode(), raw)] + [(e.patient_id.encode(), e.model_dump_json().encode()) for e in good]
+    asyncio.run(_send_raw(s, items))
+    want = {e.entry_id for e in good}
+    digest = hashlib.sha256(raw).hexdigest()
+    transitions, letters = asyncio.run(_read(
+        s, lambda tr, dl: want <= {x["entry_id"] for x in tr} and any(d.get("value_sha256") == digest for d in dl),
+        600))
+    assert poison_worker.alive(), poison_worker.log()
+    assert want <= {x["entry_id"] for x in transitions}
+    letter = next(d for d in letters if d.get("value_sha256") == digest)
+    assert (letter["stage"], letter["error_type"]) == ("extract", "MessageTooLarge")
+    assert "broker's message limit" in letter["error"] and letter["value_bytes"] == len(raw)
+    assert "wide-panel-1" not in {x["entry_id"] for x in transitions}
