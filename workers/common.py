@@ -75,6 +75,8 @@ _MILVUS_INPUT_TEXT = re.compile(r"exceeds max_length|escape sequence|cannot pars
                                 r"|invalid parameter|parse expr|value length", re.I)
 # 2 connect failed, 8 rate limited (legacy). Any other code is neither known input nor a known outage: a bug.
 _MILVUS_OUTAGE_CODES = frozenset({2, 8})
+_MILVUS_OUTAGE_TEXT = re.compile(r"not ready|unavailable|not serviceable|deadline exceeded|fail connecting"
+                                 r"|connection refused|rate limit", re.I)
 
 
 def classify(exc: BaseException) -> Fault:
@@ -96,7 +98,7 @@ def classify(exc: BaseException) -> Fault:
 def _milvus(exc: MilvusException) -> Fault:
     code = exc.code
     if (isinstance(exc, _MILVUS_OUTAGE) or exc.retriable or isinstance(code, grpc.StatusCode)
-            or (isinstance(code, int) and code in _MILVUS_OUTAGE_CODES)):
+            or (isinstance(code, int) and code in _MILVUS_OUTAGE_CODES) or _MILVUS_OUTAGE_TEXT.search(str(exc.message))):
         return Fault.TRANSIENT
     if exc.is_input_error or isinstance(exc, _MILVUS_INPUT) or _MILVUS_INPUT_TEXT.search(str(exc.message)):
         return Fault.MESSAGE

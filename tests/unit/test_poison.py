@@ -97,6 +97,7 @@ def _validation_error() -> ValidationError:
     (TypeError("unsupported operand"), Fault.BUG),
     (AttributeError("x"), Fault.BUG),
     (MilvusException(1, "something unexpected"), Fault.BUG),
+    (MilvusException(1, "service not ready[retry=true]"), Fault.TRANSIENT),
 ])
 def test_classify(exc: BaseException, fault: Fault) -> None:
     assert classify(exc) is fault
