@@ -353,3 +353,28 @@ def test_ask_refuses_a_bad_as_of_in_one_line(tmp_path: Path) -> None:
     res = _stam("ask", "--patient", "p", "--as-of", "2019-13-45", "what?", STAM_HOME=str(tmp_path / "home"))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [res.stderr.strip()] and "--as-of" in res.stderr
+
+
+# -- sources: malformed files raise SourceError (one unit), never another exception --------------------------
+
+def test_malformed_files_become_source_errors_or_bad_lines(tmp_path: Path) -> None:
+    """Reproduction 7: UnicodeDecodeError, RecursionError, AttributeError (a JSON array) and TypeError
+    (``"entry": null``) escaped the sources and crashed the publisher."""
+    from benchmarks.hostile import hostile_files
+    from stam.sources.fhir_ndjson import load_ndjson
+    from stam.sources.fhir_r4 import load_bundle
+    from stam.sources.hl7v2 import load_hl7
+
+    files = hostile_files(tmp_path, 30, seed=3)
+    for kind, path in files:
+        if path.suffix == ".json":
+            with pytest.raises(SourceError):
+                load_bundle(path)
+        elif path.suffix == ".ndjson":
+            result = load_ndjson([path])
+            assert len(result.bad) == 1 and len(result.entries) == (3 if kind == "ndjson_one_bad_line" else 2)
+            bad = result.bad[0]
+            assert bad.file == str(path) and bad.line == 2
+            assert path.read_bytes()[bad.byte_offset:].startswith(bad.raw)
+        else:
+            assert len(load_hl7([path]).bad) == 1
