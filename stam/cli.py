@@ -114,7 +114,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
     settings = load_settings()
     as_of = None
     if args.as_of:
-        as_of = datetime.fromisoformat(args.as_of.replace("Z", "+00:00"))
+        try:
+            as_of = datetime.fromisoformat(args.as_of.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"stam ask: --as-of {args.as_of!r} is not an ISO 8601 date or time (e.g. 2019-06-01 or "
+                  "2019-06-01T08:30:00Z)", file=sys.stderr)
+            return 2
         if as_of.tzinfo is None:
             from datetime import UTC
 
@@ -213,12 +218,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
     from tqdm import tqdm
 
+    from stam.errors import InputRefused
     from stam.integrity import SourceConfigError, source_keys
-    from stam.publish import publish_paths
+    from stam.publish import PublishSummary, publish_paths
 
     settings = load_settings()
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
 
     def progress(n: int) -> None:
@@ -226,16 +234,33 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
+    summary = PublishSummary()
     try:
         if args.source_system is None and source_keys(settings).require_signed:
             raise SourceConfigError("signed entries are required (STAM_SOURCES / STAM_REQUIRE_SIGNED_ENTRIES): pass "
                                     "--source-system NAME, or the workers dead-letter every entry")
-        summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
-                                            progress=progress, subjects=subjects, tables=tables,
-                                            source_system=args.source_system))
+        asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate, progress=progress,
+                                  subjects=subjects, tables=tables, summary=summary,
+                                  source_system=args.source_system))
     except SourceConfigError as exc:
+        bar.close()
         print(f"stam publish: {exc}", file=sys.stderr)
         return 2
+    except InputRefused as exc:
+        bar.close()
+        print(f"stam publish: {exc}; nothing was sent", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"stam publish: interrupted after {summary.sent} entries sent ({summary.dead_lettered} "
+              "dead-lettered); re-running the same command is safe: entry ids are deterministic and the workers "
+              "skip entries already applied", file=sys.stderr)
+        return 130
+    except (KafkaError, OSError) as exc:
+        bar.close()
+        print(f"stam publish: cannot reach the broker at {settings.broker_url} ({type(exc).__name__}); "
+              f"{summary.sent} entries sent. Is the stack up (stam stack status)?", file=sys.stderr)
+        return 1
     finally:
         bar.close()
     print(json.dumps(summary.as_dict()))
@@ -880,7 +905,11 @@ def main(argv: list[str] | None = None) -> int:
                        description="Sends record entries keyed by patient id; input that cannot be parsed or "
                        "validated goes to the dead-letter topic with its bytes and the reason. Prints a JSON "
                        "summary (sent, skipped, dead-lettered, per source). Exit status 2 when anything was "
-                       "dead-lettered.")
+                       "dead-lettered, or when a path does not exist or is an empty or non-clinical file (refused "
+                       "in one line, nothing sent); 1 when the broker cannot be reached; 130 on Ctrl-C (says how "
+                       "many entries were sent; re-running is safe). Limits: an entry is at most 256 KiB "
+                       "serialized, its text 100,000 characters, ids printable ASCII (patient id up to 128 "
+                       "characters); input over them is dead-lettered.")
     p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
                    "bulk-export folders, .hl7 files or folders of them, a MIMIC-IV folder (with hosp/, icu/)")
     p.add_argument("--format", choices=list(FORMATS), default="auto",

@@ -43,11 +43,21 @@ def _keys(c: Any) -> set[str]:
     return {k.decode() for k in c.keys("*")}
 
 
+def _key(pid: str, part: str) -> str:
+    """The state store's own key for a patient's part (ids are escaped inside key names)."""
+    from stam.stores.redis_state import RedisStateStore
+
+    store = RedisStateStore(None)  # type: ignore[arg-type]
+    if part.startswith("outbox:"):
+        return store._outbox_key(pid, part.removeprefix("outbox:"))
+    return store._key(pid, part)
+
+
 def _fill(c: Any, pid: str) -> None:
     for part in ("ver", "graph", "outbox:fhir-r4:Observation/1:abc"):
-        c.set(f"stam:{{{pid}}}:{part}", f"data of {pid}")
+        c.set(_key(pid, part), f"data of {pid}")
     for part in ("mem", "tl", "src", "gaps"):  # gaps: a part another branch adds; erasure takes every part
-        c.hset(f"stam:{{{pid}}}:{part}", mapping={"m-1": f"data of {pid}", "m-2": "more"})
+        c.hset(_key(pid, part), mapping={"m-1": f"data of {pid}", "m-2": "more"})
     c.sadd("stam:patients", pid)
 
 
@@ -60,8 +70,8 @@ def test_redis_erasure_deletes_only_the_patients_own_keys(client: Any, hostile: 
     report = Report()
     _erase_redis(client, "stam", hostile, report)
     gone = before - _keys(client)
-    assert gone == {f"stam:{{{hostile}}}:{p}" for p in ("ver", "graph", "mem", "tl", "src", "gaps",
-                                                         "outbox:fhir-r4:Observation/1:abc")}
+    assert gone == {_key(hostile, p) for p in ("ver", "graph", "mem", "tl", "src", "gaps",
+                                                "outbox:fhir-r4:Observation/1:abc")}
     assert report.removed["redis_keys"] == 7 and report.removed["outboxes"] == 1 and report.removed["memories"] == 2
     assert {m.decode() for m in client.smembers("stam:patients")} == {*others, hostile} - {hostile}
     assert redis_keys(client, "stam", hostile) == {"state": [], "outboxes": [], "other": []}
