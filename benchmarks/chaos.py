@@ -2,6 +2,10 @@
 
 Sections (``--only`` picks some):
 
+- ``bad_input``: 1,000 malformed or hostile values (``benchmarks/hostile.py``) raw on the entries topic,
+  interleaved with a real patient's entries, and 200 malformed files through ``stam publish``: every input
+  applied or dead-lettered with a reason, the worker alive throughout, every good entry applied; the time until
+  the good entries are applied is reported.
 - ``faults``: real Synthea patients streamed through the embedded stack twice, once undisturbed and once while
   the worker is killed with SIGKILL at random moments (restarted at once) and Redis, Milvus and the broker are
   each killed mid-stream and restarted. Every patient's final ``stam state --json`` must equal the undisturbed
@@ -321,12 +325,117 @@ def faults_section(bundles: int, worker_kills: int, seed: int, work: Path, *,
     }
 
 
+async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    from topology import topics as t
+    from topology.admin import bootstrap
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all", linger_ms=5)
+    await producer.start()
+    try:
+        futures = [await producer.send(t.ENTRIES.name(settings.topic_prefix), key=k, value=v) for k, v in items]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from topology import topics as t
+    from topology.admin import bootstrap
+
+    topic = t.DEAD_LETTERS.name(settings.topic_prefix)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
+                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        out: list[dict[str, Any]] = []
+        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
+            for recs in (await consumer.getmany(*tps, timeout_ms=1000)).values():
+                out.extend(json.loads(r.value) for r in recs)
+        return out
+    finally:
+        await consumer.stop()
+
+
+def bad_input_section(n: int, n_files: int, seed: int, work: Path) -> dict[str, Any]:
+    """``n`` malformed or hostile values raw on the entries topic, interleaved with a real patient's entries, and
+    ``n_files`` malformed files through ``stam publish``: every input applied or dead-lettered with a reason, the
+    worker never restarts, every good entry applied."""
+    import base64
+    import hashlib
+
+    from benchmarks.hostile import expected, hostile_files, hostile_inputs, hostile_key
+    from stam.recovery import read_log
+    from stam.sources.fhir_r4 import load_bundle
+
+    stack = Stack(work / "bad-input")
+    try:
+        hostile = hostile_inputs(n, seed)
+        good = load_bundle(sorted(BUNDLES.glob("*.json"))[0]).entries
+        items: list[tuple[bytes, bytes]] = []
+        good_iter = iter(good)
+        for i, (kind, raw) in enumerate(hostile):
+            items.append((hostile_key(kind, raw), raw))
+            if i % 8 == 7 and (e := next(good_iter, None)) is not None:
+                items.append((e.patient_id.encode(), e.model_dump_json().encode()))
+        items += [(e.patient_id.encode(), e.model_dump_json().encode()) for e in good_iter]
+        files = hostile_files(work / "bad-files", n_files, seed)
+        with _worker(stack, "worker") as worker:
+            started = time.monotonic()
+            asyncio.run(_send_raw(stack.settings, items))
+            pub = subprocess.run([sys.executable, "-m", "stam.cli", "publish", "--quiet", *(str(p) for _, p in files)],
+                                 cwd=REPO, env=stack.env(), capture_output=True, text=True)
+            want_good = {e.entry_id for e in good}
+            want_applied = {json.loads(raw)["entry_id"] for kind, raw in hostile if expected(kind) == "applied"}
+            want_letters = {hashlib.sha256(raw).hexdigest() for kind, raw in hostile if expected(kind) == "dead_letter"}
+            good_at: float | None = None
+            deadline = time.monotonic() + 900
+            while time.monotonic() < deadline:
+                applied = {e.entry_id for evs in asyncio.run(read_log(stack.settings)).values() for e in evs}
+                if good_at is None and want_good <= applied:
+                    good_at = time.monotonic() - started
+                letters = asyncio.run(_dead_letters(stack.settings))
+                lettered = {d.get("value_sha256") for d in letters} | {
+                    hashlib.sha256(base64.b64decode(d["value"])).hexdigest() for d in letters
+                    if not d.get("truncated")}
+                if want_good <= applied and want_applied <= applied and want_letters <= lettered:
+                    break
+                time.sleep(2)
+            alive = worker.poll() is None
+        log = (stack.home / "worker.log").read_text(errors="replace")
+        file_letters = [d for d in letters if str(d.get("stage", "")).startswith("publish")]
+        return {
+            "hostile_raw_inputs": len(hostile), "good_entries": len(good), "malformed_files": len(files),
+            "raw_applied_as_expected": len(want_applied & applied), "raw_expected_applied": len(want_applied),
+            "raw_dead_lettered_as_expected": len(want_letters & lettered), "raw_expected_dead_letters": len(want_letters),
+            "good_applied": len(want_good & applied),
+            "seconds_until_good_entries_applied": round(good_at, 1) if good_at is not None else None,
+            "publisher_exit": pub.returncode, "publisher_traceback": "Traceback" in pub.stderr,
+            "publisher_dead_letters": len(file_letters),
+            "dead_letters_without_reason": sum(1 for d in letters if not (d.get("error") and d.get("error_type"))),
+            "worker_alive": alive, "worker_bug_path": log.count("a bug, not the message's fault"),
+            "ok": bool(alive and want_good <= applied and want_applied <= applied and want_letters <= lettered
+                       and "Traceback" not in pub.stderr and pub.returncode in (0, 2)),
+        }
+    finally:
+        stack.down()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundles", type=int, default=4, help="Synthea bundles streamed (default 4)")
     ap.add_argument("--worker-kills", type=int, default=10)
     ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--only", default="faults", help="comma-separated sections (default: all)")
+    ap.add_argument("--only", default="faults,bad_input", help="comma-separated sections (default: all)")
+    ap.add_argument("--hostile", type=int, default=1000, help="malformed or hostile raw entries (default 1000)")
+    ap.add_argument("--hostile-files", type=int, default=200, help="malformed files for stam publish (default 200)")
     ap.add_argument("--redis-aof", action="store_true", help="keep Redis's append-only file in the faulted run "
                     "(default: off, the worst case: a Redis kill -9 loses writes and the worker rebuilds them)")
     ap.add_argument("--keep", default=None, help="keep the stacks' homes and logs under this folder")
@@ -341,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
         if "faults" in sections:
             report["faults"] = faults_section(args.bundles, args.worker_kills, args.seed, work,
                                               redis_without_aof=not args.redis_aof)
+        if "bad_input" in sections:
+            report["bad_input"] = bad_input_section(args.hostile, args.hostile_files, args.seed, work)
     report["ok"] = all(v.get("ok", False) for v in report.values() if isinstance(v, dict))
     text = json.dumps(report, indent=2)
     print(text)
