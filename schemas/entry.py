@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from schemas.common import AwareDatetime, Coding, NonEmptyStr, SchemaVersion, WireModel
+from schemas.limits import MAX_ENTRY_BYTES, MAX_TEXT_CHARS, EntryId, PatientId
 
 
 class Reference(WireModel):
@@ -32,14 +33,19 @@ class RecordEntry(WireModel):
     Two clocks are kept apart: ``effective_at``/``effective_end`` say when the fact was clinically true;
     ``recorded_at`` says when the source recorded it. Update order follows arrival on the topic; validity
     follows clinical time.
+
+    Limits (``schemas.limits``): at most 256 KiB serialized, ``text`` at most 100,000 characters, ids
+    printable ASCII (``patient_id`` up to 128 characters, ``entry_id`` and ``source_ref`` up to 256).
     """
 
     schema_version: SchemaVersion = 1
-    patient_id: NonEmptyStr
-    entry_id: NonEmptyStr = Field(description="Deterministic id: same source content, same id")
+    patient_id: PatientId
+    entry_id: EntryId = Field(description="Deterministic id: same source content, same id. Printable ASCII, "
+                              "1-256 characters, no leading/trailing space")
     source: NonEmptyStr = Field(description="Source system/format, e.g. 'fhir-r4'")
-    source_ref: NonEmptyStr | None = Field(
-        default=None, description="Identity of the source resource, e.g. 'MedicationRequest/abc'"
+    source_ref: EntryId | None = Field(
+        default=None, description="Identity of the source resource, e.g. 'MedicationRequest/abc'. Printable "
+        "ASCII, 1-256 characters"
     )
     resource_type: NonEmptyStr | None = None
     effective_at: AwareDatetime | None = None
@@ -47,7 +53,8 @@ class RecordEntry(WireModel):
     recorded_at: AwareDatetime | None = None
     status: str | None = Field(default=None, description="Source status (active, stopped, resolved...)")
     codes: tuple[Coding, ...] = ()
-    text: str | None = Field(default=None, max_length=200_000)
+    text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS,
+                             description=f"Free text, at most {MAX_TEXT_CHARS:,} characters")
     value: Quantity | None = None
     components: tuple[tuple[Coding, Quantity], ...] = ()
     dosage: str | None = None
@@ -60,4 +67,7 @@ class RecordEntry(WireModel):
             raise ValueError("an entry needs codes or text")
         if self.effective_at and self.effective_end and self.effective_end < self.effective_at:
             raise ValueError("effective_end is before effective_at")
+        size = len(self.__pydantic_serializer__.to_json(self))
+        if size > MAX_ENTRY_BYTES:
+            raise ValueError(f"entry is {size:,} bytes serialized; the limit is {MAX_ENTRY_BYTES:,}")
         return self

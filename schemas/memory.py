@@ -50,6 +50,9 @@ class AtomicMemory(WireModel):
     effective_end: AwareDatetime | None = None
     recorded_at: AwareDatetime | None = None
     source_ref: str | None = None
+    source_system: str | None = Field(
+        default=None, description="Verified source system of the entry (its signature checked by the extract "
+        "stage, see stam/integrity.py); None: unsigned. Never taken from the entry's free-text `source`")
     span: Span | None = None
     embed_text: str | None = Field(
         default=None,

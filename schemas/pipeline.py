@@ -91,6 +91,15 @@ class UpdateDecision(WireModel):
     rationale: str | None = None
 
 
+class RefusedArchive(WireModel):
+    """An archival the reasoner proposed that the source-identity rule refused (stam/integrity.py): the fact
+    stays where it was."""
+
+    memory_id: NonEmptyStr
+    reason: Reason = Field(description="The archival reason that was proposed")
+    why: str = Field(description="Why it was refused (source systems involved, never patient data)")
+
+
 class TransitionKind(StrEnum):
     ADDED = "added"
     """A new memory entered a store (ACTIVE, or HISTORY directly when it describes a prior state)."""
@@ -128,18 +137,34 @@ class TransitionEvent(WireModel):
     relations: tuple[Relation, ...] = Field(
         default=(), description="For kind=added: the relations this entry added from this memory, so the "
         "relation graph can be rebuilt from the log")
+    refused: tuple[RefusedArchive, ...] = Field(
+        default=(), description="For kind=added: archivals this memory's evidence proposed and the source-identity "
+        "rule refused (an entry from another source system, or unsigned, cannot retract or amend a fact)")
 
 
 class DeadLetter(WireModel):
-    """A message that could not be processed, with its original bytes (base64) and why."""
+    """A message that could not be processed, with its original bytes (base64) and why.
+
+    An original over ``schemas.limits.DEAD_LETTER_VALUE_BYTES`` (256 KiB) is not copied whole: ``value`` holds
+    its first ``DEAD_LETTER_EXCERPT_BYTES`` (64 KiB), ``truncated`` is true, ``value_bytes`` and
+    ``value_sha256`` describe the whole, and the pointer to the whole is ``topic``/``partition``/``offset`` (a
+    topic message) or ``source_file`` with ``source_line`` or ``source_byte_offset`` (publisher input).
+    """
 
     schema_version: SchemaVersion = 1
     stage: NonEmptyStr
     topic: str | None = None
     partition: int | None = None
     offset: int | None = None
-    key: str | None = Field(default=None, description="Original key, base64")
-    value: str = Field(description="Original value bytes, base64")
+    key: str | None = Field(default=None, description="Original key, base64 (its first 1 KiB if longer)")
+    value: str = Field(description="Original value bytes, base64; an excerpt when truncated")
     error_type: NonEmptyStr
     error: str
     failed_at: AwareDatetime
+    truncated: bool = Field(default=False, description="value is an excerpt of the original bytes")
+    value_bytes: int | None = Field(default=None, ge=0, description="Size of the original value in bytes")
+    value_sha256: str | None = Field(default=None, description="sha256 (hex) of the original value bytes")
+    source_file: str | None = Field(default=None, description="Publisher input: the file the bytes came from")
+    source_line: int | None = Field(default=None, ge=1, description="Publisher input: line number (NDJSON, 1-based)")
+    source_byte_offset: int | None = Field(default=None, ge=0,
+                                           description="Publisher input: byte offset of the bytes in the file")

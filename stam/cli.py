@@ -7,7 +7,9 @@
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
+  stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
+  stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
@@ -113,7 +115,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
     settings = load_settings()
     as_of = None
     if args.as_of:
-        as_of = datetime.fromisoformat(args.as_of.replace("Z", "+00:00"))
+        try:
+            as_of = datetime.fromisoformat(args.as_of.replace("Z", "+00:00"))
+        except ValueError:
+            print(f"stam ask: --as-of {args.as_of!r} is not an ISO 8601 date or time (e.g. 2019-06-01 or "
+                  "2019-06-01T08:30:00Z)", file=sys.stderr)
+            return 2
         if as_of.tzinfo is None:
             from datetime import UTC
 
@@ -212,11 +219,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    from aiokafka.errors import KafkaError
     from tqdm import tqdm
 
-    from stam.publish import publish_paths
+    from stam.errors import InputRefused
+    from stam.integrity import SourceConfigError, source_keys
+    from stam.publish import PublishSummary, publish_paths
 
     settings = load_settings()
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
 
     def progress(n: int) -> None:
@@ -224,13 +235,53 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
+    summary = PublishSummary()
     try:
-        summary = asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate,
-                                            progress=progress, subjects=subjects, tables=tables))
+        if args.source_system is None and source_keys(settings).require_signed:
+            raise SourceConfigError("signed entries are required (STAM_SOURCES / STAM_REQUIRE_SIGNED_ENTRIES): pass "
+                                    "--source-system NAME, or the workers dead-letter every entry")
+        asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate, progress=progress,
+                                  subjects=subjects, tables=tables, summary=summary,
+                                  source_system=args.source_system))
+    except SourceConfigError as exc:
+        bar.close()
+        print(f"stam publish: {exc}", file=sys.stderr)
+        return 2
+    except InputRefused as exc:
+        bar.close()
+        print(f"stam publish: {exc}; nothing was sent", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"stam publish: interrupted after {summary.sent} entries sent ({summary.dead_lettered} "
+              "dead-lettered); re-running the same command is safe: entry ids are deterministic and the workers "
+              "skip entries already applied", file=sys.stderr)
+        return 130
+    except (KafkaError, OSError) as exc:
+        bar.close()
+        print(f"stam publish: cannot reach the broker at {settings.broker_url} ({type(exc).__name__}); "
+              f"{summary.sent} entries sent. Is the stack up (stam stack status)?", file=sys.stderr)
+        return 1
     finally:
         bar.close()
     print(json.dumps(summary.as_dict()))
     return 0 if summary.dead_lettered == 0 else 2
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from stam.read.scopes import TokenConfigError, new_token
+
+    settings = load_settings()
+    path = Path(args.file) if args.file else settings.query_tokens_file or settings.home / "query-tokens.json"
+    try:
+        token = new_token(path, args.name, args.role, args.patient)
+    except (TokenConfigError, OSError, ValueError) as exc:
+        print(f"stam token: {exc}", file=sys.stderr)
+        return 2
+    print(token)
+    print(f"token {args.name!r} ({args.role}) added to {path}; only its SHA-256 is kept, so copy it now. The query "
+          f"worker reads the file named by STAM_QUERY_TOKENS_FILE.", file=sys.stderr)
+    return 0
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -349,6 +400,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from workers.runtime import build_deps
 
     settings = load_settings()
+    if _refuse_erased(settings, args.patient):
+        return 1
     deps = build_deps(settings)
     if deps.states.load(args.patient).version != 0:
         print(f"patient {args.patient} already has state; erase it first (rebuild writes into empty stores)",
@@ -362,6 +415,56 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     print(json.dumps({"patient_id": args.patient, "transitions": len(events), "state_version": state.version,
                       **state.counts()}))
     return 0
+
+
+def _refuse_erased(settings: Settings, patient_id: str) -> bool:
+    """An erased patient is never rebuilt from the transition log (the erasure register, or a shredded key)."""
+    from stam.erase import is_erased
+    from workers.runtime import redis_client
+
+    if is_erased(settings, redis_client(settings), patient_id):
+        print("this patient was erased (see its receipt on the audit topic); rebuild refuses", file=sys.stderr)
+        return True
+    return False
+
+
+def cmd_erase(args: argparse.Namespace) -> int:
+    from stam import erase
+
+    settings = load_settings()
+    for name in ("pymilvus", "pymilvus.milvus_client"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    if not args.patient.strip():
+        print("stam erase: --patient must name a patient", file=sys.stderr)
+        return 2
+    try:
+        if args.verify:
+            out: dict[str, Any] = erase.scan(settings, args.patient, args.sample_text)
+            print(json.dumps(out, indent=2))
+            return 0 if out["verified"] else 1
+        if args.dry_run:
+            plan = erase.plan(settings, args.patient)
+            print(json.dumps(plan, indent=2) if args.json else
+                  "would erase: " + ", ".join(f"{k} {v}" for k, v in plan["counts"].items())
+                  + f"; topics: {plan['topics']}")
+            return 0
+        result = erase.erase(settings, args.patient, request_id=args.request_id, samples=args.sample_text)
+    except Exception as exc:  # noqa: BLE001 - one line for the operator; the erasure can be run again
+        print(f"stam erase: failed: {type(exc).__name__}: {str(exc).replace(args.patient, '<patient>')[:300]} "
+              "(running it again is safe)", file=sys.stderr)
+        return 1
+    receipt = result["receipt"]
+    if args.json:
+        print(json.dumps({"receipt": receipt, "published": result["published"], "scan": result["scan"]}, indent=2))
+    else:
+        print(json.dumps(receipt, indent=2))
+        where = {k: v for k, v in result["scan"]["where"].items() if v and result["scan"]["residuals"].get(k)}
+        if where:
+            print("residuals: " + json.dumps(where), file=sys.stderr)
+    if not result["published"]:
+        print("stam erase: the receipt could not be published to the audit topic (printed above)", file=sys.stderr)
+        return 3
+    return 0 if receipt["verification"]["verified"] else 1
 
 
 def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
@@ -890,7 +993,11 @@ def main(argv: list[str] | None = None) -> int:
                        description="Sends record entries keyed by patient id; input that cannot be parsed or "
                        "validated goes to the dead-letter topic with its bytes and the reason. Prints a JSON "
                        "summary (sent, skipped, dead-lettered, per source). Exit status 2 when anything was "
-                       "dead-lettered.")
+                       "dead-lettered, or when a path does not exist or is an empty or non-clinical file (refused "
+                       "in one line, nothing sent); 1 when the broker cannot be reached; 130 on Ctrl-C (says how "
+                       "many entries were sent; re-running is safe). Limits: an entry is at most 256 KiB "
+                       "serialized, its text 100,000 characters, ids printable ASCII (patient id up to 128 "
+                       "characters); input over them is dead-lettered.")
     p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
                    "bulk-export folders, .hl7 files or folders of them, a MIMIC-IV folder (with hosp/, icu/)")
     p.add_argument("--format", choices=list(FORMATS), default="auto",
@@ -900,12 +1007,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tables", default=None, help="MIMIC-IV: comma-separated tables (default: all of "
                    + ", ".join(MIMIC_TABLES) + ")")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--source-system", default=None, help="sign every entry as this source system, with its secret "
+                   "from STAM_SOURCES / STAM_SOURCES_FILE (required where the workers require signed entries)")
     p.set_defaults(fn=cmd_publish)
 
     p = sub.add_parser("query-worker", help="run the query consumer (queries topic -> answers topic, HTTP "
                        "POST /v1/query with a bearer token)")
     p.add_argument("--loglevel", default="info")
     p.set_defaults(fn=cmd_query_worker)
+
+    p = sub.add_parser("token", help="create a query token with a scope (clinician: every patient; "
+                       "service:<name>: the listed patients)",
+                       description="Generates a random token, prints it once on stdout and appends its name, role, "
+                       "patients and SHA-256 (never the token) to the tokens file the query worker reads "
+                       "(STAM_QUERY_TOKENS_FILE). See README, Security.")
+    p.add_argument("action", choices=["new"])
+    p.add_argument("--name", required=True, help="unique name of the token (who holds it)")
+    p.add_argument("--role", required=True, help="clinician, or service:<name> with --patient")
+    p.add_argument("--patient", action="append", default=None, help="a patient id a service token may read "
+                   "(repeat)")
+    p.add_argument("--file", default=None, help="tokens file (default: STAM_QUERY_TOKENS_FILE, else "
+                   "<home>/query-tokens.json)")
+    p.set_defaults(fn=cmd_token)
 
     p = sub.add_parser("ask", help="ask about one patient: the evidence packet (and answer when a reader is set)",
                        description="Reads the stores directly with the query worker's code: the patient's concept "
@@ -1002,6 +1125,25 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("rebuild", help="rebuild a patient's stores from the transitions topic")
     p.add_argument("--patient", required=True)
     p.set_defaults(fn=cmd_rebuild)
+
+    p = sub.add_parser("erase", help="erase a patient everywhere, verify with an independent scan, publish a receipt",
+                       description="Removes the patient from Redis (every key by exact name, the patients set; then "
+                       "the append-only file and the RDB snapshot are rewritten), Milvus (delete, flush; Milvus Lite "
+                       "rewrites the collection, a server compacts), JSON Lines files under STAM_HOME and the gate's "
+                       "calibration set (lines naming the patient), log files (the id redacted), and shreds the "
+                       "patient's data key when crypto-shredding is installed. Then scans Redis, Milvus, every topic "
+                       "from offset 0 and every file under STAM_HOME for the id and sample texts, and publishes a "
+                       "receipt without patient data on the audit topic. Exit status: 0 verified, 1 residuals or "
+                       "failure, 3 receipt not published.")
+    p.add_argument("--patient", required=True)
+    p.add_argument("--request-id", default=None, help="the caller's reference of the request, kept on the receipt")
+    p.add_argument("--dry-run", action="store_true", help="count what would be removed, per store; change nothing")
+    p.add_argument("--verify", action="store_true", help="only scan for the id and --sample-text texts; change "
+                   "nothing (exit 0 when no residual)")
+    p.add_argument("--sample-text", nargs="*", default=[], metavar="TEXT",
+                   help="texts of the patient to search for besides the id (erase also picks distinctive ones)")
+    p.add_argument("--json", action="store_true", help="print the receipt, the scan and whether it was published")
+    p.set_defaults(fn=cmd_erase)
 
     p = sub.add_parser("demo", help="stream one real Synthea patient through the embedded stack")
     p.add_argument("--bundle", default=DEFAULT_DEMO_BUNDLE)

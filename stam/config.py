@@ -70,6 +70,19 @@ class Settings(BaseSettings):
         default=None, ge=0, description="Seconds after which a Redis write is on disk; offsets are committed "
         "only that long after the writes they cover. Unset: read from Redis (appendfsync everysec: 2, always: 0)")
 
+    # --- integrity (stam/integrity.py, stam/read/scopes.py) -------------------------------------------
+    sources: SecretStr | None = Field(default=None, description="Source systems and their signing secrets, a JSON "
+                                      "object {\"name\": \"secret\"}; entries are verified against them")
+    sources_file: Path | None = Field(default=None, description="A JSON file of the same shape (chmod 600)")
+    require_signed_entries: bool | None = Field(
+        default=None, description="Dead-letter entries that are not signed by a configured source system; unset: "
+        "on when any source is configured")
+    query_tokens_file: Path | None = Field(
+        default=None, description="Query tokens with scopes (`stam token new` writes entries); see README Security")
+    query_kafka_require_token: bool = Field(
+        default=False, description="Queries on the queries topic must carry a token (Kafka header `authorization`: "
+        "`Bearer <token>`) and are answered within its scope; off: the topic is trusted (restrict it by ACL)")
+
     # --- language model (free text) -------------------------------------------------------------------
     llm_url: str = Field(default="", description="OpenAI-compatible base URL of the reasoning model (the Ray "
                          "Serve app: http://127.0.0.1:8000/v1); empty: notes are kept verbatim, not decomposed")

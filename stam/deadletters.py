@@ -289,7 +289,7 @@ def plan_replay(item: Listed, settings: Settings, value: bytes | None = None) ->
         raise DeadLetterError(f"dead letter {item.id} is a publisher's bad input ({d.error_type}: "
                               f"{d.error[:120]}); it never reached a topic: fix the file and run `stam publish` "
                               "on it again, then dismiss this dead letter")
-    if getattr(d, "truncated", False) and value is None:
+    if d.truncated and value is None:
         raise DeadLetterError(f"dead letter {item.id} holds only an excerpt of the message; replay a corrected "
                               "payload with --value-file")
     suffix = (d.topic or "").removeprefix(f"{settings.topic_prefix}.")

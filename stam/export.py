@@ -30,6 +30,7 @@ def memory_record(s: StoredMemory) -> dict[str, Any]:
         "recorded_at": m.recorded_at.isoformat() if m.recorded_at else None,
         "source_entry_id": m.entry_id,
         "source_ref": m.source_ref,
+        "source_system": m.source_system,
         "reason": s.reason.value if s.reason else None,
         "successor_id": s.successor_id,
         "evidence_id": s.evidence_id,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 MESSAGES = Counter("stam_messages_total", "Messages handled per stage and outcome", ["stage", "outcome"])
 STAGE_SECONDS = Histogram(
@@ -25,9 +25,18 @@ BACKGROUND_FAILURES = Counter("stam_background_failures_total",
                               ["task", "error_type"])
 DEAD_LETTERS = Counter("stam_dead_letters_total", "Messages sent to the dead-letter topic",
                        ["stage", "error_type"])
+STAGE_BUGS = Counter("stam_stage_bug_total",
+                     "Unexpected exceptions in a stage (a bug, not the message's fault nor an outage): the "
+                     "partition holds and retries; alert on any increase", ["stage", "error_type"])
+PARTITION_STALLED = Gauge("stam_partition_stalled",
+                          "Partitions of a stage held by an unexpected exception right now (alert when > 0)",
+                          ["stage"])
 QUERIES = Counter("stam_queries_total", "Queries answered, by channel, outcome ('ok' or the error kind: "
                   "not_found, invalid, unavailable, internal) and what was served (active, both, none)",
                   ["channel", "outcome", "served"])
 QUERY_SECONDS = Histogram(
     "stam_query_seconds", "Query latency (retrieval, gate, packet; reader included when configured)",
     ["channel"], buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by the source-identity rule (an entry "
+                          "from another source system, or unsigned, proposed to retract or amend a fact)",
+                          ["reason"])

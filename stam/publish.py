@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -12,12 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from pydantic import ValidationError
 
 from schemas import DeadLetter, RecordEntry
+from schemas.limits import MAX_ENTRY_BYTES
 from stam.config import Settings
-from stam.errors import SourceError
+from stam.deadletter import bounded_value
+from stam.errors import InputRefused, MessageTooLarge, SourceError
+from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
-from stam.sources.fhir_ndjson import load_ndjson
+from stam.sources.fhir_ndjson import BadInput, load_ndjson
 from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
 from stam.sources.mimic import MimicResult, is_mimic_root, iter_mimic
 from topology import topics as t
@@ -43,14 +46,25 @@ class PublishSummary:
 
 
 class Publisher:
-    def __init__(self, settings: Settings) -> None:
+    """Sends entries keyed by patient id; with ``source_system``, each is signed with that configured source's
+    secret (headers ``stam-source``, ``stam-signature``: stam/integrity.py)."""
+
+    def __init__(self, settings: Settings, source_system: str | None = None) -> None:
         self.settings = settings
+        self.source_system = source_system
+        self._keys = source_keys(settings) if source_system else None
+        if self._keys is not None and source_system is not None:
+            self._keys.sign_headers(source_system, b"")  # an unknown source is refused before anything is sent
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), linger_ms=5,
                                           max_batch_size=256 * 1024, acks="all")
 
     async def __aenter__(self) -> Publisher:
-        await ensure_topics(self.settings)
-        await self._producer.start()
+        try:
+            await ensure_topics(self.settings)
+            await self._producer.start()
+        except BaseException:
+            await self._producer.stop()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -66,8 +80,24 @@ class Publisher:
                 wait = start + summary.sent / rate - time.monotonic()
                 if wait > 0:
                     await asyncio.sleep(wait)
-            futures.append(await self._producer.send(topic, key=entry.patient_id.encode(),
-                                                     value=entry.model_dump_json().encode()))
+            value = entry.model_dump_json().encode()
+            # Sources build entries through the schema, but a copy with an updated field is not re-validated:
+            # what goes out is checked against the schema's limits once more, as the extract stage will.
+            problem: Exception | None = None
+            if len(value) > MAX_ENTRY_BYTES:
+                problem = MessageTooLarge(f"entry is {len(value):,} bytes serialized; the limit is {MAX_ENTRY_BYTES:,}")
+            else:
+                try:
+                    RecordEntry.model_validate_json(value)
+                except ValidationError as exc:
+                    problem = exc
+            if problem is not None:
+                await self.dead_letter(value, entry.source, problem, summary, where=entry.source_ref)
+                continue
+            headers = (self._keys.sign_headers(self.source_system, value)
+                       if self._keys is not None and self.source_system else None)
+            futures.append(await self._producer.send(topic, key=entry.patient_id.encode(), value=value,
+                                                     headers=headers))
             summary.sent += 1
             summary.source(entry.source)["sent"] += 1
             summary.patients.add(entry.patient_id)
@@ -76,16 +106,25 @@ class Publisher:
         await asyncio.gather(*futures)
 
     async def dead_letter(self, raw: bytes, source: str, exc: Exception, summary: PublishSummary, *,
-                          where: str | None = None) -> None:
-        """Dead-letter one unit of input with its bytes; ``where`` (file, file:line) leads the error text."""
+                          where: str | None = None, file: str | None = None, line: int | None = None,
+                          byte_offset: int | None = None) -> None:
+        """Dead-letter one unit of input with its bytes (a bounded excerpt, digest and size when large, with
+        ``file`` and ``line``/``byte_offset`` pointing to the whole); ``where`` (file, file:line) leads the
+        error text."""
         error = f"{where}: {exc}" if where else str(exc)
-        letter = DeadLetter(stage=f"publish:{source}", value=base64.b64encode(raw).decode(),
-                            error_type=type(exc).__name__, error=error[:4000], failed_at=datetime.now(UTC))
+        letter = DeadLetter(stage=f"publish:{source}", error_type=type(exc).__name__, error=error[:4000],
+                            failed_at=datetime.now(UTC), source_file=file, source_line=line,
+                            source_byte_offset=byte_offset,
+                            **bounded_value(raw))
         await self._producer.send_and_wait(t.DEAD_LETTERS.name(self.settings.topic_prefix),
                                            value=letter.model_dump_json().encode())
         summary.dead_lettered += 1
         summary.source(source)["dead_lettered"] += 1
         DEAD_LETTERS.labels(stage=f"publish:{source}", error_type=type(exc).__name__).inc()
+
+    async def dead_letter_bad(self, bad: BadInput, source: str, summary: PublishSummary) -> None:
+        await self.dead_letter(bad.raw, source, SourceError(bad.error), summary, where=bad.source, file=bad.file,
+                               line=bad.line, byte_offset=bad.byte_offset)
 
 
 FORMATS = ("auto", "fhir-bundle", "fhir-ndjson", "hl7v2", "mimic-iv")
@@ -116,24 +155,30 @@ def detect_format(path: Path) -> str:
 async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt: str = "auto",
                         rate: float | None = None, progress: Callable[[int], None] | None = None,
                         subjects: Iterable[str] | None = None,
-                        tables: Iterable[str] | None = None) -> PublishSummary:
+                        tables: Iterable[str] | None = None, source_system: str | None = None,
+                        summary: PublishSummary | None = None) -> PublishSummary:
     """Publish files or folders, each in its detected (or given) format; bad input is dead-lettered.
+    ``source_system``: sign every entry as this configured source system.
 
-    ``subjects`` and ``tables`` select MIMIC-IV patients and tables (ignored by other formats).
+    ``subjects`` and ``tables`` select MIMIC-IV patients and tables (ignored by other formats). A path that
+    does not exist, an empty file or a file that is no clinical input at all is refused first
+    (:func:`check_paths`, ``InputRefused``), before anything is sent. ``summary`` (made when not given) is
+    filled as entries are sent, so a caller interrupted midway knows how many were.
     """
-    summary = PublishSummary()
+    summary = summary if summary is not None else PublishSummary()
     started = time.monotonic()
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
-        groups.setdefault(detect_format(p) if fmt == "auto" else fmt, []).append(p)
+        groups.setdefault(detect_format(p) if fmt == "auto" and p.exists() else fmt, []).append(p)
     unknown = set(groups) - set(FORMATS)
     if unknown:
         raise SourceError(f"unknown format {sorted(unknown)}; known: {', '.join(FORMATS[1:])}")
-    async with Publisher(settings) as pub:
+    check_paths([p for ps in groups.values() for p in ps])
+    async with Publisher(settings, source_system=source_system) as pub:
         if "fhir-ndjson" in groups:
             result = load_ndjson(groups["fhir-ndjson"])
             for bad in result.bad:
-                await pub.dead_letter(bad.raw, "fhir-ndjson", SourceError(bad.error), summary, where=bad.source)
+                await pub.dead_letter_bad(bad, "fhir-ndjson", summary)
             _skipped(summary, "fhir-ndjson", result.skipped)
             await pub.send_entries(result.entries, summary, rate=rate, progress=progress)
         if "hl7v2" in groups:
@@ -141,7 +186,7 @@ async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt:
 
             hl7 = load_hl7(groups["hl7v2"])
             for bad in hl7.bad:
-                await pub.dead_letter(bad.raw, "hl7v2", SourceError(bad.error), summary, where=bad.source)
+                await pub.dead_letter_bad(bad, "hl7v2", summary)
             _skipped(summary, "hl7v2", hl7.skipped)
             summary.source("hl7v2")["message_types"] = hl7.by_type
             await pub.send_entries(hl7.entries, summary, rate=rate, progress=progress)
@@ -150,11 +195,38 @@ async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt:
             for entries in iter_mimic(root, subjects=subjects, tables=tables, result=mimic):
                 await pub.send_entries(entries, summary, rate=rate, progress=progress)
             for bad in mimic.bad:
-                await pub.dead_letter(bad.raw, "mimic-iv", SourceError(bad.error), summary, where=bad.source)
+                await pub.dead_letter_bad(bad, "mimic-iv", summary)
             summary.source("mimic-iv")["tables"] = mimic.counts()
         await _publish_bundles(pub, groups.get("fhir-bundle", []), summary, rate=rate, progress=progress)
     summary.seconds = time.monotonic() - started
     return summary
+
+
+_BINARY = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"%PDF", b"PK\x03\x04", b"\x1f\x8b", b"BM", b"\x7fELF")
+_CLINICAL_SUFFIXES = (".json", ".ndjson", ".hl7", ".hl7v2", ".txt")
+
+
+def check_paths(paths: Iterable[Path]) -> None:
+    """Refuse a user's own mistakes before anything is sent: a path that does not exist, an empty file, a
+    folder with nothing to publish, a file that is no clinical input (an image, an archive, a README: a
+    file without a .json/.ndjson/.hl7 suffix that does not start like JSON or HL7). Malformed clinical
+    input (bad JSON, wrong shape) is not refused here: it is dead-lettered with its reason."""
+    for p in paths:
+        if not p.exists():
+            raise InputRefused(f"{p}: no such file or folder")
+        if p.is_dir():
+            if not (is_mimic_root(p) or any(f.suffix in _CLINICAL_SUFFIXES for f in p.iterdir())):
+                raise InputRefused(f"{p}: folder holds no .json, .ndjson or .hl7 files (nor a MIMIC-IV hosp/)")
+            continue
+        with p.open("rb") as fh:
+            head = fh.read(512)
+        if not head.strip():
+            raise InputRefused(f"{p}: empty file")
+        if head.startswith(_BINARY):
+            raise InputRefused(f"{p}: not clinical input (a binary file: image, archive or executable)")
+        start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+        if p.suffix.lower() not in _CLINICAL_SUFFIXES and not start.startswith((b"{", b"[", b"MSH")):
+            raise InputRefused(f"{p}: not clinical input (expected a FHIR JSON bundle, FHIR NDJSON or HL7 v2)")
 
 
 def _skipped(summary: PublishSummary, source: str, skipped: dict[str, int]) -> None:
@@ -176,7 +248,7 @@ async def _publish_bundles(pub: Publisher, paths: Iterable[Path], summary: Publi
             result = load_bundle(path)
         except SourceError as exc:
             await pub.dead_letter(Path(path).read_bytes() if Path(path).is_file() else b"", "fhir-r4", exc,
-                                  summary, where=Path(path).name)
+                                  summary, where=Path(path).name, file=str(path), byte_offset=0)
             continue
         _skipped(summary, "fhir-r4", result.skipped)
         await pub.send_entries(result.entries, summary, rate=rate, progress=progress)

@@ -157,11 +157,14 @@ def recover(settings: Settings, deps: Deps, *, at_least: int = 0) -> RecoveryRep
     deps.states.expect_marks(None, 0)  # the store is known to be behind: let the rebuild write
     logged = asyncio.run(read_log(settings))
     report.patients_in_log = len(logged)
+    register = _erasure_register(settings, deps)
     for patient_id, events in logged.items():
         report.transitions += len(events)
         log_version = max(e.state_version for e in events)
         if deps.states.version(patient_id) >= log_version:
             continue
+        if register is not None and register.erased(patient_id):
+            continue  # erased (stam erase): its transitions are still in the log, it must not come back
         deps.states.erase_patient(patient_id)
         deps.vectors.erase_patient(patient_id)
         if deps.projection is not None:
@@ -175,6 +178,13 @@ def recover(settings: Settings, deps: Deps, *, at_least: int = 0) -> RecoveryRep
     log.warning("state store recovered from the transition log: %d of %d patients rebuilt (%d transitions, "
                 "%.1fs)", report.rebuilt, report.patients_in_log, report.transitions, report.seconds)
     return report
+
+
+def _erasure_register(settings: Settings, deps: Deps) -> Any:
+    from stam.erase import ErasureRegister
+
+    client = getattr(deps.states, "_r", None)
+    return ErasureRegister(settings, client) if client is not None else None
 
 
 class Durability:

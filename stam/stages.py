@@ -20,12 +20,14 @@ import numpy as np
 import orjson
 
 from schemas import (
+    Archive,
     AtomicMemory,
     Channel,
     ExtractedEntry,
     ImpactedEntry,
     LinkedEntry,
     RecordEntry,
+    RefusedArchive,
     Relation,
     RelationType,
     Store,
@@ -36,6 +38,7 @@ from schemas import (
 from stam.embedding import Embedder
 from stam.errors import ConcurrentUpdate, ReasoningError
 from stam.ids import transition_id
+from stam.integrity import EntryIdCollision, archive_refusal, stamp
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
@@ -112,6 +115,14 @@ def _vectors(memories: Sequence[AtomicMemory], deps: Deps) -> np.ndarray:
 def extract_stage(entry: RecordEntry, deps: Deps) -> ExtractedEntry:
     """Atomic memories of one entry (coded entries exactly; free text by the model when configured)."""
     return _checked(entry, deps.router.extract(entry))
+
+
+def extract_signed_batch(items: Sequence[tuple[RecordEntry, str | None]], deps: Deps) -> list[ExtractedEntry]:
+    """:func:`extract_batch` over entries whose source identity the worker verified (``None``: unsigned); every
+    memory carries its entry's verified source system (``AtomicMemory.source_system``)."""
+    out = extract_batch([entry for entry, _ in items], deps)
+    return [x.model_copy(update={"memories": stamp(x.memories, source)})
+            for x, (_, source) in zip(out, items, strict=True)]
 
 
 def _checked(entry: RecordEntry, memories: Sequence[AtomicMemory]) -> ExtractedEntry:
@@ -320,6 +331,10 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             w = work[pid] = _PatientWork(base_version=current.version, state=current.copy())
         state = w.state
         if x.memories and all(state.get(m.memory_id) for m in x.memories):
+            if any(state.memories[m.memory_id].memory.source_system != m.source_system for m in x.memories):
+                # Not a redelivery: another source system (or an unsigned producer) used this entry id first.
+                raise EntryIdCollision("entry id already applied from another source system; not applied "
+                                       "(a forged entry may have taken the id first)")
             pending = None if x.entry.entry_id in w.outboxes else deps.states.pending_outbox(pid, x.entry.entry_id)
             results.append(UpdateResult(decode_outbox(pending) if pending else [], state.version, duplicate=True))
             continue
@@ -377,7 +392,8 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
     new_ids = {m.memory_id for m in x.memories}
 
     def emit(kind: TransitionKind, stored: StoredMemory, from_store: Store | None,
-             evidence: AtomicMemory, memory: AtomicMemory | None = None) -> None:
+             evidence: AtomicMemory, memory: AtomicMemory | None = None,
+             refused: tuple[RefusedArchive, ...] = ()) -> None:
         events.append(TransitionEvent(
             transition_id=transition_id(entry.entry_id, stored.memory.memory_id, kind.value),
             patient_id=entry.patient_id, entry_id=entry.entry_id, sequence=len(events), kind=kind,
@@ -388,6 +404,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             clinical_time=evidence.effective_end or evidence.effective_start,
             recorded_at=now, state_version=new_version, memory=memory,
             relations=tuple(added_relations.get(memory.memory_id, ())) if memory else (),
+            refused=refused,
         ))
 
     proposed: set[str] = set()
@@ -414,11 +431,20 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
         else:
             stored = state.memories[m.memory_id]
         changed[m.memory_id] = stored
-        emit(TransitionKind.ADDED, stored, None, m, memory=m)
+        allowed: list[Archive] = []
+        refused: list[RefusedArchive] = []
         for a in decision.archive:
             target = state.get(a.memory_id)
-            if target is None or target.store is not Store.ACTIVE or a.memory_id in new_ids:
+            if (target is None or target.store is not Store.ACTIVE or a.memory_id in new_ids
+                    or any(a.memory_id == b.memory_id for b in allowed)):
                 continue
+            why = archive_refusal(entry, m, target.memory, a)
+            if why is None:
+                allowed.append(a)
+            else:
+                refused.append(RefusedArchive(memory_id=a.memory_id, reason=a.reason, why=why))
+        emit(TransitionKind.ADDED, stored, None, m, memory=m, refused=tuple(refused))
+        for a in allowed:
             moved = state.archive(a.memory_id, reason=a.reason, successor_id=a.successor_id,
                                   evidence_id=m.memory_id, entry_id=entry.entry_id, at=now)
             changed[a.memory_id] = moved

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import faust
 
+from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.config import Settings
 from topology import topics as t
 
@@ -21,6 +22,7 @@ class Topics:
     queries: faust.TopicT
     answers: faust.TopicT
     checkpoints: faust.TopicT
+    audit: faust.TopicT
 
 
 def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:
@@ -47,6 +49,7 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
         web_port=port or 6066,
         web_host=web_host,
         producer_linger_ms=5,
+        producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.common)
         broker_commit_every=200,
         # Tansu (and Kafka) hold a new group's join for the rebalance timeout when a previous member
         # may return; shorter timeouts make a restarted worker resume sooner.

@@ -47,4 +47,7 @@ QUERIES = TopicSpec("queries.v1", "Questions about one patient for the query wor
 ANSWERS = TopicSpec("answers.v1", "Evidence packets and answers, correlated by request_id (key = patient id)",
                     "schemas.query.QueryAnswer", timedelta(days=1), internal=False)
 
-ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, CHECKPOINTS)
+AUDIT = TopicSpec("audit.v1", "Audit records without patient data (erasure receipts), kept forever",
+                  "schemas.ErasureReceipt", None, internal=False)
+
+ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, CHECKPOINTS, AUDIT)

@@ -1,12 +1,15 @@
 """The one way every stage agent handles a message: validate, run the stage, send on, or dead-letter.
 
-Errors are split in two:
-- the message's fault (schema violation, a source the reasoner cannot read, any bug surfacing as a
-  ValueError/TypeError/KeyError): the message goes to the dead-letter topic with its bytes and the stream
-  goes on;
-- the infrastructure's fault (Redis, Milvus, the broker or the language model unreachable): the stage
+Every exception a stage raises is sorted into one of three kinds (:func:`classify`):
+- the message's fault (:class:`stam.errors.MessageFault`, a payload that violates its wire schema, a store
+  refusing one of its values, an output over the broker's message limit): the message goes to the dead-letter
+  topic with its bytes and the reason, and the stream goes on;
+- an outage (Redis, Milvus, the broker or the language model unreachable, a concurrent writer): the stage
   retries with backoff and holds the partition, because skipping would break per-patient order and
-  dead-lettering would blame the message for an outage.
+  dead-lettering would blame the message for an outage;
+- anything else is a bug: the partition holds too (nothing moves on silently, nothing is dead-lettered),
+  ``stam_stage_bug_total{stage,error_type}`` rises and ``stam_partition_stalled{stage}`` stays above 0 while
+  it lasts, and the traceback is logged at ERROR. A fixed worker (or a store that comes back) resumes there.
 
 Stage functions are blocking (store round trips, embeddings, model calls that take minutes on a CPU), so
 they run on one stage thread, off the event loop: the loop keeps heart-beating to the broker, fetching and
@@ -18,18 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from enum import StrEnum
 from time import perf_counter
 from typing import Any, TypeVar
 
 import faust
+import grpc
 import redis
+from aiokafka.errors import MessageSizeTooLargeError
 from pydantic import BaseModel, ValidationError
+from pymilvus import exceptions as milvus_errors
 from pymilvus.exceptions import MilvusException
 
-from stam.errors import ConcurrentUpdate, StamError
-from stam.metrics import MESSAGES, STAGE_SECONDS
+from schemas.limits import BROKER_MESSAGE_BYTES
+from stam.errors import ConcurrentUpdate, MessageFault, MessageTooLarge, StateRolledBack
+from stam.metrics import MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
 from stam.stages import Deps
 from workers.runtime import Runtime
 
@@ -39,12 +48,63 @@ In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out")
 
 TRANSIENT: tuple[type[BaseException], ...] = (
-    redis.ConnectionError, redis.TimeoutError, MilvusException, ConnectionError, TimeoutError,
-    ConcurrentUpdate,
+    redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError, ConcurrentUpdate, StateRolledBack,
 )
-MESSAGE_FAULTS: tuple[type[BaseException], ...] = (
-    ValidationError, StamError, ValueError, TypeError, KeyError, UnicodeDecodeError,
-)
+"""Outages (a Milvus error is sorted by :func:`classify`, which looks at its code)."""
+MESSAGE_FAULTS: tuple[type[BaseException], ...] = (MessageFault, ValidationError)
+"""The message's fault: dead-lettered."""
+PARSE_FAULTS: tuple[type[BaseException], ...] = (*MESSAGE_FAULTS, ValueError, UnicodeDecodeError, RecursionError)
+"""What parsing a message's bytes against its schema can raise for bad bytes."""
+
+
+class Fault(StrEnum):
+    MESSAGE = "message"
+    TRANSIENT = "transient"
+    BUG = "bug"
+
+
+_MILVUS_INPUT = (milvus_errors.ParamError, milvus_errors.DataTypeNotMatchException,
+                 milvus_errors.DataNotMatchException, milvus_errors.PrimaryKeyException,
+                 milvus_errors.PartitionKeyException, milvus_errors.FieldTypeException)
+_MILVUS_OUTAGE = (milvus_errors.ConnectError, milvus_errors.MilvusUnavailableException,
+                  milvus_errors.ConnectionNotExistException)
+# Legacy status codes (milvus-lite answers these): 5 illegal argument, 6 illegal range, 11 illegal row record,
+# 12 illegal vector id; 1100 (merr ParameterInvalid) and 1101-1102 from a Milvus 2.4+ server.
+_MILVUS_INPUT_CODES = frozenset({5, 6, 11, 12, 1100, 1101, 1102})
+_MILVUS_INPUT_TEXT = re.compile(r"exceeds max_length|escape sequence|cannot parse expression|invalid expression"
+                                r"|invalid parameter|parse expr|value length", re.I)
+# 2 connect failed, 8 rate limited (legacy). Any other code is neither known input nor a known outage: a bug.
+_MILVUS_OUTAGE_CODES = frozenset({2, 8})
+_MILVUS_OUTAGE_TEXT = re.compile(r"not ready|unavailable|not serviceable|deadline exceeded|fail connecting"
+                                 r"|connection refused|rate limit", re.I)
+
+
+def classify(exc: BaseException) -> Fault:
+    """Whose fault ``exc`` is: the message's (dead-letter it), an outage's (retry), or a bug (hold, alert)."""
+    if isinstance(exc, MESSAGE_FAULTS):
+        return Fault.MESSAGE
+    if isinstance(exc, MilvusException):
+        return _milvus(exc)
+    if isinstance(exc, redis.ResponseError) and not isinstance(exc, redis.ConnectionError):
+        # WRONGTYPE is about one key (the message's patient); OOM, MISCONF, READONLY... are the server's state.
+        return Fault.MESSAGE if str(exc).startswith("WRONGTYPE") else Fault.TRANSIENT
+    if isinstance(exc, TRANSIENT):
+        return Fault.TRANSIENT
+    if type(exc).__module__.startswith(("aiokafka", "kafka", "faust")):
+        return Fault.TRANSIENT
+    return Fault.BUG
+
+
+def _milvus(exc: MilvusException) -> Fault:
+    code = exc.code
+    if (isinstance(exc, _MILVUS_OUTAGE) or exc.retriable or isinstance(code, grpc.StatusCode)
+            or (isinstance(code, int) and code in _MILVUS_OUTAGE_CODES) or _MILVUS_OUTAGE_TEXT.search(str(exc.message))):
+        return Fault.TRANSIENT
+    if exc.is_input_error or isinstance(exc, _MILVUS_INPUT) or _MILVUS_INPUT_TEXT.search(str(exc.message)):
+        return Fault.MESSAGE
+    if isinstance(code, int) and code in _MILVUS_INPUT_CODES:
+        return Fault.MESSAGE
+    return Fault.BUG
 
 
 STAGE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-stage")
@@ -57,74 +117,115 @@ def _parse(model: type[In], event: faust.EventT[Any]) -> In:
 
 async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: type[In],
                     fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                    on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]]) -> None:
+                    on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]],
+                    parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
     """Validate each event, run the stage on the valid ones in order, hand each result on.
+    ``parse`` replaces the plain schema validation (the extract stage verifies the source signature there).
 
     A batch that fails for a message's fault is re-run one message at a time, so only the faulty
-    message is dead-lettered. ``stam_stage_seconds`` records the batch time divided by its size.
+    message is dead-lettered. A result that cannot be handed on for the message's fault (over the broker's
+    message limit) dead-letters its message and the next result goes on. ``stam_stage_seconds`` records the
+    batch time divided by its size.
     """
     parsed: list[tuple[faust.EventT[Any], In]] = []
     for event in events:
         try:
-            parsed.append((event, _parse(model, event)))
-        except MESSAGE_FAULTS as exc:
+            parsed.append((event, parse(event) if parse is not None else _parse(model, event)))
+        except PARSE_FAULTS as exc:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
             await runtime.dead_letter(event, stage, exc)
     if not parsed:
         return
     try:
         results = await _with_retry(stage, parsed[0][0], lambda: fn([p for _, p in parsed], runtime.deps))
-    except MESSAGE_FAULTS:
+    except MESSAGE_FAULTS as exc:
         if len(parsed) == 1:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(parsed[0][0], stage, await _last_fault(fn, parsed[0][1], runtime))
+            await runtime.dead_letter(parsed[0][0], stage, exc)
             return
         for event, _ in parsed:
-            await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result)
+            await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result,
+                            parse=parse)
         return
     for (event, _), result in zip(parsed, results, strict=True):
-        await on_result(event, result)
+        try:
+            await on_result(event, result)
+        except MessageTooLarge as exc:
+            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            await runtime.dead_letter(event, stage, exc)
+            continue
         MESSAGES.labels(stage=stage, outcome="ok").inc()
 
 
-async def _last_fault(fn: Callable[[list[In], Deps], list[Out]], payload: In, runtime: Runtime) -> BaseException:
-    def again() -> BaseException:
-        try:
-            fn([payload], runtime.deps)
-        except MESSAGE_FAULTS as exc:
-            return exc
-        return RuntimeError("stage failed once and then succeeded; dead-lettered to keep order")
-
-    return await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, again)
-
-
 async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]]) -> list[Out]:
+    """Run ``call`` on the stage thread until it returns or fails for the message's fault (raised).
+
+    An outage is retried with backoff (WARNING); a bug is retried too, so the partition holds rather than
+    moves on, with the alert metrics and the traceback at ERROR."""
     delay = 0.5
-    while True:
-        started = perf_counter()
-        try:
-            results = await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, call)
-        except TRANSIENT as exc:
-            log.warning("stage=%s transient failure %s; retrying in %.1fs (topic=%s partition=%s offset=%s)",
-                        stage, type(exc).__name__, delay, event.message.topic, event.message.partition,
-                        event.message.offset)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-            continue
-        per_entry = (perf_counter() - started) / max(len(results), 1)
-        hist = STAGE_SECONDS.labels(stage=stage)
-        for _ in results:
-            hist.observe(per_entry)
-        return results
+    stalled = False
+    try:
+        while True:
+            started = perf_counter()
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, call)
+            except Exception as exc:  # noqa: BLE001 - sorted below: the message's fault, an outage, or a bug
+                kind = classify(exc)
+                if kind is Fault.MESSAGE:
+                    raise
+                where = (event.message.topic, event.message.partition, event.message.offset)
+                if kind is Fault.TRANSIENT:
+                    log.warning("stage=%s transient failure %s; retrying in %.1fs (topic=%s partition=%s "
+                                "offset=%s)", stage, type(exc).__name__, delay, *where)
+                else:
+                    STAGE_BUGS.labels(stage=stage, error_type=type(exc).__name__).inc()
+                    if not stalled:
+                        stalled = True
+                        PARTITION_STALLED.labels(stage=stage).inc()
+                    log.error("stage=%s unexpected %s (a bug, not the message's fault): partition held, retrying "
+                              "in %.1fs (topic=%s partition=%s offset=%s)", stage, type(exc).__name__, delay,
+                              *where, exc_info=exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+                continue
+            per_entry = (perf_counter() - started) / max(len(results), 1)
+            hist = STAGE_SECONDS.labels(stage=stage)
+            for _ in results:
+                hist.observe(per_entry)
+            return results
+    finally:
+        if stalled:
+            PARTITION_STALLED.labels(stage=stage).dec()
 
 
-async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> None:
-    await topic.send(key=key, value=payload.model_dump_json().encode())
+OUTPUT_LIMIT = BROKER_MESSAGE_BYTES - 4096
+"""Largest value a stage sends on (the producer's limit, less room for the key and the record overhead)."""
+
+
+async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> Any:
+    """Send ``payload`` keyed by ``key``. An output over the broker's message limit raises
+    :class:`MessageTooLarge` (the input message's fault) instead of failing the agent."""
+    value = payload.model_dump_json().encode()
+    return await send_bytes(topic, key, value, what=type(payload).__name__)
+
+
+async def send_bytes(topic: faust.TopicT, key: bytes | None, value: bytes, *, what: str = "output") -> Any:
+    if len(value) + len(key or b"") > OUTPUT_LIMIT:
+        raise MessageTooLarge(f"{what} would be {len(value):,} bytes; the broker's message limit is "
+                              f"{BROKER_MESSAGE_BYTES:,}")
+    try:
+        return await topic.send(key=key, value=value)
+    except MessageSizeTooLargeError as exc:
+        raise MessageTooLarge(f"{what} of {len(value):,} bytes refused by the producer: {exc}") from exc
+    except Exception as exc:
+        if isinstance(exc.__cause__, MessageSizeTooLargeError):  # faust's ProducerSendError wraps it
+            raise MessageTooLarge(f"{what} of {len(value):,} bytes refused by the producer: {exc}") from exc
+        raise
 
 
 async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type[In],
                           fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                          dest: faust.TopicT) -> None:
+                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
     """Consume in batches of whatever is waiting (at most ``stage_batch``, 20 ms apart), run the batch
     stage function, send each result on keyed as it came (the patient id)."""
 
@@ -133,4 +234,4 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
 
     # take_events exists on faust-streaming streams but is missing from its StreamT stub.
     async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
-        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on)
+        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on, parse=parse)

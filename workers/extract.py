@@ -1,23 +1,47 @@
-"""Extraction agent: entries topic -> extracted topic."""
+"""Extraction agent: entries topic -> extracted topic.
+
+Each entry's source signature is verified here (stam/integrity.py): the verified source system is stamped on
+its memories; an entry that fails verification is dead-lettered with the reason."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import faust
+from pydantic import BaseModel, ConfigDict
 
-from schemas import RecordEntry
-from stam.stages import extract_batch
+from schemas import ExtractedEntry, RecordEntry
+from stam.integrity import source_keys
+from stam.stages import Deps, extract_signed_batch
 from workers.common import forward_batches
 from workers.runtime import Runtime
 
 
+class VerifiedEntry(BaseModel):
+    """An entry with the source system its signature proved (None: unsigned). In-process only."""
+
+    model_config = ConfigDict(frozen=True)
+    entry: RecordEntry
+    source_system: str | None
+
+
+def _extract(items: list[VerifiedEntry], deps: Deps) -> list[ExtractedEntry]:
+    return extract_signed_batch([(x.entry, x.source_system) for x in items], deps)
+
+
 def register(app: faust.App, runtime: Runtime) -> Any:
     topics = runtime.topics
+    keys = source_keys(runtime.settings)
+
+    def verified(event: faust.EventT[Any]) -> VerifiedEntry:
+        value = event.message.value
+        raw = value if isinstance(value, bytes) else str(value).encode()
+        source = keys.verify(event.message.headers, raw)
+        return VerifiedEntry(entry=RecordEntry.model_validate_json(raw), source_system=source)
 
     @app.agent(topics.entries, name="stam.extract")
     async def extract(stream: faust.StreamT[Any]) -> None:
-        await forward_batches(stream, stage="extract", model=RecordEntry, fn=extract_batch, runtime=runtime,
-                              dest=topics.extracted)
+        await forward_batches(stream, stage="extract", model=VerifiedEntry, fn=_extract, runtime=runtime,
+                              dest=topics.extracted, parse=verified)
 
     return extract

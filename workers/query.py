@@ -2,10 +2,13 @@
 
 - Kafka: consumes ``stam.queries.v1`` (QueryRequest, key = patient id) and produces ``stam.answers.v1``
   (QueryAnswer, same key, correlated by ``request_id``). A message that is not a valid QueryRequest goes to
-  the dead-letter topic with its bytes; the stream goes on.
+  the dead-letter topic with its bytes; the stream goes on. With ``STAM_QUERY_KAFKA_REQUIRE_TOKEN`` a query
+  carries ``authorization: Bearer <token>`` as a Kafka header and is answered within that token's scope.
 - HTTP: ``POST /v1/query`` with a QueryRequest JSON body (``request_id`` may be omitted) and
-  ``Authorization: Bearer <STAM_QUERY_TOKEN>`` returns the QueryAnswer. Without a configured token the
-  endpoint answers 503 to everyone; a missing or wrong token gets 401. ``GET /v1/health`` needs no token.
+  ``Authorization: Bearer <token>`` returns the QueryAnswer. Tokens carry scopes (stam/read/scopes.py): a
+  patient the token may not read gets the very answer (404, same body) a patient that does not exist gets.
+  Without a configured token the endpoint answers 503 to everyone; a missing or wrong token gets 401; a body
+  over 256 KiB 413; anything else malformed 400. ``GET /v1/health`` needs no token.
 
 A query that cannot be answered still gets a QueryAnswer (``ok=false``, ``error_kind``): over Kafka it is
 produced like any answer and the stream goes on; over HTTP the kind sets the status (``HTTP_STATUS``), and a
@@ -15,20 +18,22 @@ store outage is a 503 with ``Retry-After``. Packets are built off the event loop
 from __future__ import annotations
 
 import asyncio
-import hmac
-import json
 import logging
 import time
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import faust
+import orjson
+from aiohttp.web import HTTPRequestEntityTooLarge
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
 from stam.metrics import QUERIES, QUERY_SECONDS
+from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
 from workers.runtime import Runtime
@@ -91,12 +96,53 @@ def http_status(answer: QueryAnswer) -> tuple[int, dict[str, str]]:
 
 
 def check_bearer(settings: Settings, header: str | None) -> tuple[int, str] | None:
-    """None when the request may be answered, else (HTTP status, reason)."""
-    if settings.query_token is None or not settings.query_token.get_secret_value():
-        return 503, "query endpoint disabled: no STAM_QUERY_TOKEN configured"
-    expected = "Bearer " + settings.query_token.get_secret_value()
-    if not header or not hmac.compare_digest(header.encode(), expected.encode()):
-        return 401, "missing or wrong bearer token"
+    """None when the header's token may read some patient, else (HTTP status, reason)."""
+    refused = authorize(scopes_of(settings), header)
+    return refused if isinstance(refused, tuple) else None
+
+
+def authorize(scopes: TokenScopes, header: str | None) -> Grant | tuple[int, str]:
+    """The header's grant, or (HTTP status, reason) when there is none."""
+    if not scopes:
+        return 503, "query endpoint disabled: no STAM_QUERY_TOKEN or STAM_QUERY_TOKENS_FILE configured"
+    grant = scopes.authenticate(header)
+    return grant if grant is not None else (401, "missing or wrong bearer token")
+
+
+MAX_BODY_BYTES = 256 * 1024
+"""Largest query body the HTTP endpoint reads (413 beyond)."""
+
+
+async def read_query(request: Any) -> QueryRequest | tuple[int, str]:
+    """The QueryRequest of an HTTP request, or (4xx status, reason): too large, not UTF-8 JSON, nested too
+    deep, not an object, or not a valid query. Never raises for what the caller sent."""
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        return 413, f"query body over {MAX_BODY_BYTES} bytes"
+    try:
+        raw = await request.read()
+    except HTTPRequestEntityTooLarge:
+        return 413, f"query body over {MAX_BODY_BYTES} bytes"
+    if len(raw) > MAX_BODY_BYTES:
+        return 413, f"query body over {MAX_BODY_BYTES} bytes"
+    try:
+        body = orjson.loads(raw)  # bytes that are not UTF-8, or nesting over 1024 levels: JSONDecodeError
+    except orjson.JSONDecodeError as exc:
+        return 400, f"invalid query: not JSON ({exc})"[:500]
+    if not isinstance(body, dict):
+        return 400, "invalid query: the body must be a JSON object"
+    body.setdefault("request_id", str(uuid.uuid4()))
+    try:
+        return QueryRequest.model_validate(body)
+    except (ValidationError, ValueError, TypeError, RecursionError) as exc:
+        return 400, f"invalid query: {exc}"[:2000]
+
+
+def kafka_header(event: Any, name: str) -> str | None:
+    """A Kafka header of a query as text (None when absent or not ASCII)."""
+    headers = event.message.headers or []
+    for k, v in headers.items() if isinstance(headers, dict) else headers:
+        if k == name and isinstance(v, bytes):
+            return v.decode("ascii") if v.isascii() else None
     return None
 
 
@@ -104,6 +150,7 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
     app, topics = create_app(settings, app_id=settings.query_app_id, web_port=settings.query_web_port,
                              web_host=settings.query_web_host)
     runtime = Runtime(settings=settings, topics=topics)
+    scopes = scopes_of(settings)
     holder: dict[str, QueryService] = {}
     building = asyncio.Lock()
 
@@ -123,6 +170,17 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             return failed_answer(req, exc, started)
         return await svc.answer(req)
 
+    async def scoped(req: QueryRequest, grant: Grant | None) -> QueryAnswer:
+        """The answer within a token's scope: a patient it may not read gets the very answer a patient that does
+        not exist gets (decided before any store is read)."""
+        if grant is None:
+            return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=False, error_kind="invalid",
+                               error="missing or wrong token", answered_at=datetime.now(UTC), latency_ms=0.0)
+        if not grant.allows(req.patient_id):
+            return concealed_not_found(req)
+        answer = await respond(req)
+        return concealed_not_found(req) if answer.error_kind == "not_found" else answer
+
     @app.agent(topics.queries, name="stam.query")
     async def query(stream: faust.StreamT[Any]) -> None:
         async for event in stream.events():
@@ -131,7 +189,10 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             except (ValidationError, ValueError, TypeError) as exc:
                 await runtime.dead_letter(event, "query", exc)
                 continue
-            answer = await respond(req)
+            if settings.query_kafka_require_token:
+                answer = await scoped(req, scopes.authenticate(kafka_header(event, "authorization")))
+            else:
+                answer = await respond(req)
             observe(answer, "kafka")
             await topics.answers.send(key=req.patient_id.encode(), value=answer.model_dump_json().encode())
 
@@ -153,19 +214,14 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
     @app.page("/v1/query")
     class Query(faust.web.View):
         async def post(self, request: faust.web.Request) -> faust.web.Response:
-            refused = check_bearer(settings, request.headers.get("Authorization"))
-            if refused is not None:
-                return self.json({"ok": False, "error": refused[1]}, status=refused[0])
+            grant = authorize(scopes, request.headers.get("Authorization"))
+            if isinstance(grant, tuple):
+                return self.json({"ok": False, "error": grant[1]}, status=grant[0])
             started = time.perf_counter()
-            try:
-                body = json.loads(await request.read())
-                if isinstance(body, dict):
-                    body.setdefault("request_id", str(uuid.uuid4()))
-                req = QueryRequest.model_validate(body)
-            except (ValidationError, ValueError) as exc:
-                return self.json({"ok": False, "error_kind": "invalid", "error": f"invalid query: {exc}"[:2000]},
-                                 status=400)
-            answer = await respond(req)
+            req = await read_query(request)
+            if isinstance(req, tuple):
+                return self.json({"ok": False, "error_kind": "invalid", "error": req[1]}, status=req[0])
+            answer = await scoped(req, grant)
             observe(answer, "http")
             log.debug("http query answered in %.1f ms", (time.perf_counter() - started) * 1000)
             status, headers = http_status(answer)

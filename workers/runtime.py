@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -14,6 +13,7 @@ import redis
 
 from schemas import DeadLetter
 from stam.config import Settings
+from stam.deadletter import bounded_key, bounded_value
 from stam.embedding import Embedder
 from stam.metrics import DEAD_LETTERS
 from stam.reasoning.base import Router
@@ -97,19 +97,21 @@ class Runtime:
         return self._deps
 
     async def dead_letter(self, event: faust.EventT[Any], stage: str, exc: BaseException) -> None:
-        """Publish the original bytes with the stage and error; log where it came from (no patient ids)."""
+        """Publish the original bytes (or a bounded excerpt, digest and size: ``stam.deadletter``) with the
+        stage, the error and where the message is (topic/partition/offset); log where it came from (no
+        patient ids)."""
         msg = event.message
         raw_value = msg.value if isinstance(msg.value, bytes) else str(msg.value).encode()
+        key_field, send_key = bounded_key(msg.key if isinstance(msg.key, bytes) else None)
         letter = DeadLetter(
-            stage=stage, topic=msg.topic, partition=msg.partition, offset=msg.offset,
-            key=base64.b64encode(msg.key).decode() if isinstance(msg.key, bytes) else None,
-            value=base64.b64encode(raw_value).decode(), error_type=type(exc).__name__,
-            error=str(exc)[:4000], failed_at=datetime.now(UTC),
+            stage=stage, topic=msg.topic, partition=msg.partition, offset=msg.offset, key=key_field,
+            error_type=type(exc).__name__, error=str(exc)[:4000], failed_at=datetime.now(UTC),
+            **bounded_value(raw_value),
         )
         DEAD_LETTERS.labels(stage=stage, error_type=type(exc).__name__).inc()
         log.warning("dead-lettered stage=%s topic=%s partition=%s offset=%s error=%s",
                     stage, msg.topic, msg.partition, msg.offset, type(exc).__name__)
-        sent = await self.topics.dead_letters.send(key=msg.key, value=letter.model_dump_json().encode())
+        sent = await self.topics.dead_letters.send(key=send_key, value=letter.model_dump_json().encode())
         await self._record_gap(letter, sent)
 
     async def _record_gap(self, letter: DeadLetter, sent: Any) -> None:

@@ -18,10 +18,10 @@ import faust
 
 from schemas import ImpactedEntry
 from stam.deadletters import entry_ids
-from stam.errors import StateRolledBack
-from stam.metrics import BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
+from stam.errors import MessageTooLarge, StateRolledBack
+from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
 from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
-from workers.common import STAGE_THREAD, TRANSIENT, run_batch
+from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, send_bytes
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")
@@ -70,8 +70,12 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         states = runtime.deps.states
         count = 0
         for patient_id, entry_id, raw in states.pending_outboxes():
-            futures = [await topics.transitions.send(key=patient_id.encode(), value=t.model_dump_json().encode())
-                       for t in decode_outbox(raw)]
+            try:
+                futures = [await send_bytes(topics.transitions, patient_id.encode(), t.model_dump_json().encode(),
+                                            what="transition") for t in decode_outbox(raw)]
+            except MessageTooLarge:  # cannot ever be published: kept in Redis, not retried at every start
+                log.error("an outbox holds a transition over the broker's message limit; left in Redis")
+                continue
             await asyncio.gather(*futures)
             states.clear_outbox(patient_id, entry_id)
             count += 1
@@ -102,11 +106,24 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             MESSAGES.labels(stage="update", outcome="duplicate").inc()
             await _close_gap(event)
         key = event.message.key
-        futures = [await topics.transitions.send(key=key, value=t.model_dump_json().encode())
-                   for t in out.transitions]
+        values = [t.model_dump_json().encode() for t in out.transitions]
+        over = [len(v) for v in values if len(v) + len(key or b"") > OUTPUT_LIMIT]
+        if over:
+            # The state change is committed with its outbox; the outbox stays in Redis (the record of what
+            # was applied) and the entry is dead-lettered so the gap is visible. The stream goes on.
+            log.error("a transition is over the broker's message limit; its entry is dead-lettered, the "
+                      "applied state and its outbox kept")
+            raise MessageTooLarge(f"a transition would be {max(over):,} bytes, over the broker's message limit; "
+                                  "the entry's state change is applied, its transitions are kept in the Redis "
+                                  "outbox and were not published")
+        futures = [await send_bytes(topics.transitions, key, v, what="transition") for v in values]
         if not out.duplicate:
             for t in out.transitions:
                 TRANSITIONS.labels(kind=t.kind.value, reason=t.reason.value if t.reason else "").inc()
+                for r in t.refused:
+                    ARCHIVE_REFUSED.labels(reason=r.reason.value).inc()
+                    log.warning("archival refused by the source-identity rule: transition=%s memory=%s reason=%s "
+                                "(why: on the transition)", t.transition_id, r.memory_id, r.reason.value)
         if futures:
             first = out.transitions[0]
             task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))

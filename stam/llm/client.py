@@ -22,13 +22,13 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from stam.errors import StamError
+from stam.errors import MessageFault
 
 LLM_CALLS = Counter("stam_llm_calls_total", "Language-model calls by outcome", ["outcome"])
 LLM_TOKENS = Counter("stam_llm_tokens_total", "Language-model tokens by kind (prompt, completion)", ["kind"])
 
 
-class LLMError(StamError):
+class LLMError(MessageFault):
     """The endpoint refused the request (a 4xx other than 408/429) or answered something that is not a chat
     completion: the request's fault, so the entry is dead-lettered."""
 

@@ -80,11 +80,17 @@ class TimelineCache:
         self._items: OrderedDict[str, tuple[Timeline, ThreadIndex]] = OrderedDict()
         self._max = max_memories
         self._lock = Lock()
+        self._erasures = 0
         self.loads = 0
         self.hits = 0
 
-    def get(self, patient_id: str, version: int) -> tuple[Timeline, ThreadIndex] | None:
+    def get(self, patient_id: str, version: int, erasures: int = 0) -> tuple[Timeline, ThreadIndex] | None:
+        """``erasures``: the store's erasure count; when it moved, every timeline held is dropped (an erased
+        patient is never served from here, even one re-created since up to the same version)."""
         with self._lock:
+            if erasures != self._erasures:
+                self._items.clear()
+                self._erasures = erasures
             got = self._items.get(patient_id)
             if got is None or got[0].version != version:
                 return None
@@ -135,8 +141,9 @@ class QueryService:
 
     def timeline(self, patient_id: str) -> tuple[Timeline, ThreadIndex]:
         """The live timeline (cached while the patient's state version is unchanged)."""
-        version = self.states.version(patient_id)
-        got = self.cache.get(patient_id, version)
+        both = getattr(self.states, "version_and_erasures", None)  # adapters that only answer version(): no count
+        version, erasures = both(patient_id) if both is not None else (self.states.version(patient_id), 0)
+        got = self.cache.get(patient_id, version, erasures)
         if got is not None:
             return got
         with _collector_paused():

@@ -35,6 +35,10 @@ class BadInput:
     raw: bytes
     error_type: str
     error: str
+    file: str | None = None
+    """Pointer to the whole input: the file, and the line (1-based) or byte offset of ``raw`` in it."""
+    line: int | None = None
+    byte_offset: int | None = None
 
 
 @dataclass
@@ -44,7 +48,7 @@ class NdjsonResult:
     bad: list[BadInput] = field(default_factory=list)
 
 
-ENTRY_FAULTS: tuple[type[Exception], ...] = (SourceError, ValidationError, *LIBRARY_FAULTS)
+ENTRY_FAULTS: tuple[type[Exception], ...] = (SourceError, ValidationError, RecursionError, *LIBRARY_FAULTS)
 
 
 def ndjson_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -61,8 +65,8 @@ def _validate(line: bytes) -> dict[str, Any]:
 
     try:
         resource = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise SourceError(f"not JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past the parser's depth
+        raise SourceError(f"not JSON: {type(exc).__name__}: {str(exc)[:300]}") from exc
     if not isinstance(resource, dict) or not isinstance(resource.get("resourceType"), str):
         raise SourceError("not a FHIR resource (no resourceType)")
     try:
@@ -86,7 +90,9 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
     encounter_reasons: dict[str, list[Coding]] = {}
     for path in ndjson_files(paths):
         with path.open("rb") as fh:
+            offset = 0
             for lineno, line in enumerate(fh, start=1):
+                at, offset = offset, offset + len(line)
                 if not line.strip():
                     continue
                 where = f"{path.name}:{lineno}"
@@ -103,7 +109,8 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                         raise SourceError(f"{rtype}/{resource.get('id')} names no patient (subject {subject!r})")
                     entry = resource_to_entry(resource, subject.removeprefix("Patient/"), {}, encounter_reasons)
                 except ENTRY_FAULTS as exc:
-                    result.bad.append(BadInput(where, line.rstrip(b"\n"), type(exc).__name__, str(exc)[:2000]))
+                    result.bad.append(BadInput(where, line.rstrip(b"\n"), type(exc).__name__, str(exc)[:2000],
+                                               file=str(path), line=lineno, byte_offset=at))
                     continue
                 if entry is None:
                     result.skipped[rtype] = result.skipped.get(rtype, 0) + 1

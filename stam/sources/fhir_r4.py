@@ -326,12 +326,27 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
     )
 
 
+_BUNDLE_FAULTS: tuple[type[Exception], ...] = (RecursionError, *LIBRARY_FAULTS)
+
+
 def load_bundle(path: str | Path, *, validate: bool = True) -> BundleResult:
+    """Entries of one bundle file. Any malformed content (not UTF-8, not JSON, nested past the parser's
+    depth, an array or scalar where the Bundle object belongs, a resource that cannot be mapped or whose
+    entry breaks a limit) raises :class:`SourceError`, never another exception."""
     try:
-        raw = json.loads(Path(path).read_bytes())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
         raise SourceError(f"cannot read FHIR bundle {path}: {exc}") from exc
-    return entries_from_bundle(raw, validate=validate)
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise SourceError(f"not a JSON FHIR bundle: {type(exc).__name__}: {str(exc)[:300]}") from exc
+    if not isinstance(raw, dict):
+        raise SourceError(f"not a FHIR Bundle (a JSON {type(raw).__name__}, not an object)")
+    try:
+        return entries_from_bundle(raw, validate=validate)
+    except _BUNDLE_FAULTS as exc:
+        raise SourceError(f"malformed FHIR bundle: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
 def iter_bundle_files(paths: Iterable[str | Path]) -> Iterator[Path]:

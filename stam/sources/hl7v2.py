@@ -1084,13 +1084,15 @@ def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
         try:
             data = path.read_bytes()
         except OSError as exc:
-            result.bad.append(BadInput(path.name, b"", type(exc).__name__, f"cannot read file: {exc}"))
+            result.bad.append(BadInput(path.name, b"", type(exc).__name__, f"cannot read file: {exc}",
+                                       file=str(path)))
             count("unknown", "messages")
             count("unknown", "bad")
             continue
         messages = split_messages(data)
         if not messages:
-            result.bad.append(BadInput(path.name, data, "SourceError", "file holds no HL7 message (empty)"))
+            result.bad.append(BadInput(path.name, data, "SourceError", "file holds no HL7 message (empty)",
+                                       file=str(path)))
             count("unknown", "messages")
             count("unknown", "bad")
             continue
@@ -1099,7 +1101,7 @@ def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
             try:
                 entries, skipped, mtype = _parse(raw)
             except _Hl7Error as exc:
-                result.bad.append(BadInput(where, raw, "SourceError", str(exc)[:2000]))
+                result.bad.append(BadInput(where, raw, "SourceError", str(exc)[:2000], file=str(path)))
                 count(exc.message_type, "messages")
                 count(exc.message_type, "bad")
                 continue

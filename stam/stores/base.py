@@ -82,6 +82,12 @@ class StateStore(ABC):
     @abstractmethod
     def version(self, patient_id: str) -> int: ...
 
+    def version_and_erasures(self, patient_id: str) -> tuple[int, int]:
+        """The patient's state version and the store's erasure count (``stam erase`` increments it), read together:
+        a cache keyed by version alone could take a patient erased and re-created up to the same version for the
+        one it held. A store without erasures answers 0 for the count."""
+        return self.version(patient_id), 0
+
     @abstractmethod
     def load(self, patient_id: str) -> PatientState: ...
 

@@ -18,16 +18,27 @@ import numpy as np
 from pymilvus import DataType, MilvusClient
 
 from schemas import Store
+from stam.errors import StoreRejected
 from stam.stores.base import Hit, VectorRow, VectorStore
+
+_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def literal(value: str) -> str:
+    """A Milvus string literal for ``value``: quotes and backslashes escaped, so no value can break out of
+    the expression. Milvus reads no ``\\u`` escapes, so other characters stay as they are, and a control
+    character it cannot spell is refused (``StoreRejected``: the value's fault, not an outage)."""
+    if any(ord(c) < 32 and c not in "\n\r\t" for c in value):
+        raise StoreRejected("an id with a control character cannot be written in a Milvus filter")
+    return '"' + "".join(_ESCAPES.get(c, c) for c in value) + '"'
 
 
 def _patient_filter(patient_id: str) -> str:
-    # json.dumps quotes and escapes the id, so no id can break out of the expression.
-    return f"patient_id == {json.dumps(patient_id)}"
+    return f"patient_id == {literal(patient_id)}"
 
 
 def _scope(patient_id: str, store: Store) -> str:
-    return f"{_patient_filter(patient_id)} and store == {json.dumps(store.value)}"
+    return f"{_patient_filter(patient_id)} and store == {literal(store.value)}"
 
 
 class MilvusVectorStore(VectorStore):

@@ -20,6 +20,11 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
                                     and a counter every commit increments. A store that lost writes shows a
                                     lower counter (or another epoch) than a writer has seen or checkpointed.
 
+``<patient>`` and ``<entry>`` are percent-escaped (:func:`key_part`): every character outside
+``A-Z a-z 0-9 - . _ ~ / @ + =`` becomes ``%XX`` (UTF-8), so an id can hold neither the hash-tag braces, nor
+``:outbox:``, nor a glob character; UUIDs and numeric ids are unchanged. Scans parse keys back with
+:func:`unkey_part` and only accept keys of this exact shape.
+
 A commit uses WATCH/MULTI on the version key, so two writers cannot silently overwrite each other; it also
 watches the durability marks and refuses (``StateRolledBack``) to write on a store that went backwards.
 A warm per-process cache of :class:`PatientState` is checked against the version key on every load.
@@ -27,6 +32,8 @@ A warm per-process cache of :class:`PatientState` is checked against the version
 
 from __future__ import annotations
 
+import logging
+import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -34,6 +41,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from threading import Lock
 from typing import Any
+from urllib.parse import quote, unquote
 
 import redis
 
@@ -44,6 +52,24 @@ from stam.state import PatientState
 from stam.stores import rows
 from stam.stores.base import Commit, StateStore
 from stam.stores.redis_cache import as_bytes
+
+log = logging.getLogger("stam.stores")
+
+_SAFE = "-._~/@+="
+
+
+def key_part(value: str) -> str:
+    """An id as it appears inside a key: percent-escaped outside ``A-Za-z0-9-._~/@+=``."""
+    return quote(value, safe=_SAFE)
+
+
+def unkey_part(value: str) -> str:
+    return unquote(value)
+
+
+def glob_escape(value: str) -> str:
+    """``value`` as a literal inside a Redis MATCH pattern."""
+    return re.sub(r"([*?\[\]\\^])", r"\\\1", value)
 
 
 class RedisStateStore(StateStore):
@@ -88,7 +114,10 @@ class RedisStateStore(StateStore):
                                   f"or epoch changed ({now_epoch != seen_epoch})")
 
     def _key(self, patient_id: str, part: str) -> str:
-        return f"{self._prefix}:{{{patient_id}}}:{part}"
+        return f"{self._prefix}:{{{key_part(patient_id)}}}:{part}"
+
+    def _outbox_key(self, patient_id: str, entry_id: str) -> str:
+        return self._key(patient_id, f"outbox:{key_part(entry_id)}")
 
     def version(self, patient_id: str) -> int:
         pinned = self._pinned.get(patient_id)
@@ -96,6 +125,10 @@ class RedisStateStore(StateStore):
             return pinned
         raw = self._r.get(self._key(patient_id, "ver"))
         return int(raw) if raw is not None else 0
+
+    def version_and_erasures(self, patient_id: str) -> tuple[int, int]:
+        ver, erasures = self._r.mget([self._key(patient_id, "ver"), f"{self._prefix}:erasures"])
+        return int(ver or 0), int(erasures or 0)
 
     @contextmanager
     def pinned_versions(self, patient_ids: Iterable[str]) -> Iterator[None]:
@@ -154,7 +187,7 @@ class RedisStateStore(StateStore):
                     if c.sources:
                         pipe.hset(self._key(pid, "src"), mapping={k: v for k, v in c.sources.items()})
                     for entry_id, outbox in c.outboxes.items():
-                        pipe.set(self._key(pid, f"outbox:{entry_id}"), outbox)
+                        pipe.set(self._outbox_key(pid, entry_id), outbox)
                     if c.outboxes:  # an applied entry closes its record gap (a replayed dead letter)
                         pipe.hdel(self._key(pid, "gaps"), *c.outboxes)
                     pipe.sadd(f"{self._prefix}:patients", pid)
@@ -178,21 +211,31 @@ class RedisStateStore(StateStore):
             self._cache.pop(patient_id, None)
 
     def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None:
-        return as_bytes(self._r.get(self._key(patient_id, f"outbox:{entry_id}")))
+        return as_bytes(self._r.get(self._outbox_key(patient_id, entry_id)))
 
     def pending_outboxes(self) -> list[tuple[str, str, bytes]]:
+        """Outboxes left behind, as (patient id, entry id, payload). A key that only looks like an outbox
+        (not of the exact escaped shape, or not a string) is skipped with a warning: it is not ours to
+        republish, and it must not stop a worker from starting."""
         found = []
-        for key in self._r.scan_iter(match=f"{self._prefix}:*:outbox:*", count=1000):
-            name = key.decode() if isinstance(key, bytes) else key
-            head, entry_id = name.split(":outbox:", 1)
-            patient_id = head[len(self._prefix) + 2:-1]  # strip "<prefix>:{" and "}"
-            raw = as_bytes(self._r.get(key))
+        shape = re.compile(rf"^{re.escape(self._prefix)}:\{{([^{{}}:]+)\}}:outbox:(.+)$")
+        for key in self._r.scan_iter(match=f"{glob_escape(self._prefix)}:{{*}}:outbox:*", count=1000):
+            name = key.decode(errors="replace") if isinstance(key, bytes) else key
+            m = shape.match(name)
+            if m is None:
+                log.warning("skipped a key that is not an outbox of this store's shape")
+                continue
+            try:
+                raw = as_bytes(self._r.get(key))
+            except redis.ResponseError as exc:  # e.g. WRONGTYPE: not a string, so not an outbox
+                log.warning("skipped an outbox key Redis refused to read: %s", str(exc)[:80])
+                continue
             if raw is not None:
-                found.append((patient_id, entry_id, raw))
+                found.append((unkey_part(m.group(1)), unkey_part(m.group(2)), raw))
         return found
 
     def clear_outbox(self, patient_id: str, entry_id: str) -> None:
-        self._r.delete(self._key(patient_id, f"outbox:{entry_id}"))
+        self._r.delete(self._outbox_key(patient_id, entry_id))
 
     def patients(self) -> list[str]:
         return sorted(p.decode() if isinstance(p, bytes) else p
@@ -282,7 +325,11 @@ class RedisStateStore(StateStore):
                 for k, v in self._r.hgetall(key).items()}
 
     def erase_patient(self, patient_id: str) -> int:
-        keys = list(self._r.scan_iter(match=self._key(patient_id, "*").replace("{", "\\{").replace("}", "\\}")))
+        """Delete exactly this patient's keys: the escaped id cannot hold a glob character, and a key is only
+        deleted when it starts with this patient's exact key prefix."""
+        head = self._key(patient_id, "")
+        keys = [k for k in self._r.scan_iter(match=glob_escape(head) + "*", count=1000)
+                if (k.decode(errors="replace") if isinstance(k, bytes) else k).startswith(head)]
         removed = self._r.delete(*keys) if keys else 0
         self._r.srem(f"{self._prefix}:patients", patient_id)
         self._forget(patient_id)

@@ -325,3 +325,23 @@ def test_bulk_ndjson_patient_notes_become_verbatim_memories(deps: Any) -> None:
     assert all(s.store is Store.ACTIVE and s.memory.concept is None for s in notes)
     stopped = [s for s in state.memories.values() if s.memory.status == "stopped"]
     assert stopped and all(s.store is Store.HISTORY for s in stopped)
+
+
+def test_an_entry_id_taken_by_another_source_is_refused_not_taken_for_a_redelivery(deps: Any,
+                                                                                   small_bundle: Any) -> None:
+    """Memory ids derive from entry ids: a forged entry that takes a signed source's entry id first must not make
+    the real entry look like a redelivery (it would be silently dropped)."""
+    from stam.integrity import EntryIdCollision
+    from stam.stages import extract_signed_batch
+
+    entry = next(e for e in small_bundle.entries if e.resource_type == "Condition")
+
+    def apply(source: str | None) -> Any:
+        (x,) = extract_signed_batch([(entry, source)], deps)
+        return update_stage(impact_stage(link_stage(x, deps), deps), deps)
+
+    first = apply(None)  # the forger, unsigned, first
+    assert first.transitions and not first.duplicate
+    with pytest.raises(EntryIdCollision):
+        apply("ehr-a")
+    assert apply(None).duplicate  # a true redelivery still is one

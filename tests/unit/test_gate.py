@@ -64,7 +64,8 @@ def test_gate_file_round_trip(tmp_path: Path) -> None:
 
 
 def test_http_requires_a_configured_bearer_token() -> None:
-    assert check_bearer(Settings(), "Bearer anything") == (503, "query endpoint disabled: no STAM_QUERY_TOKEN configured")
+    assert check_bearer(Settings(), "Bearer anything") == (
+        503, "query endpoint disabled: no STAM_QUERY_TOKEN or STAM_QUERY_TOKENS_FILE configured")
     s = Settings(query_token=SecretStr("s3cret"))
     assert check_bearer(s, None)[0] == 401  # type: ignore[index]
     assert check_bearer(s, "Bearer wrong")[0] == 401  # type: ignore[index]
