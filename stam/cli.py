@@ -370,7 +370,7 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
             return 0
         if args.action == "replay":
             plan = dl.plan_replay(item, settings, value)
-            sent = asyncio.run(dl.publish_replay(settings, plan))
+            sent = asyncio.run(dl.publish_replay(settings, plan, dl.signed(settings, plan, args.source_system)))
             log = dl.record_replay(states, item, plan, sent, by=args.by)
             print(json.dumps({"id": item.id, **log, "patient_id": item.patient_id, "entry_id": plan.entry_id,
                               "note": "the gap closes when the worker applies the entry"
@@ -1118,6 +1118,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--status", default=None, help="list: only this status (open, replayed, applied, dismissed...)")
     p.add_argument("--json", action="store_true", help="list: JSON")
     p.add_argument("--value-file", default=None, help="replay: a corrected payload (JSON) instead of the original")
+    p.add_argument("--source-system", default=None, help="replay to the entries topic: sign the entry as this "
+                   "configured source system (where entries must be signed; a dead letter keeps no headers)")
     p.add_argument("--reason", default=None, help="dismiss: why the entry may stay out of the record (required)")
     p.add_argument("--by", default=None, help="replay, dismiss: who (default: the OS user)")
     p.set_defaults(fn=cmd_deadletters)

@@ -318,7 +318,24 @@ def plan_replay(item: Listed, settings: Settings, value: bytes | None = None) ->
     return Replay(topic=d.topic, key=key, value=body, entry_id=entry.entry_id, corrected=value is not None)
 
 
-async def publish_replay(settings: Settings, plan: Replay) -> tuple[int, int]:
+def signed(settings: Settings, plan: Replay, source_system: str | None) -> list[tuple[str, bytes]] | None:
+    """Headers signing a replayed entry as ``source_system`` (where entries must be signed: the dead letter does
+    not keep the original's headers). Only the entries topic verifies signatures."""
+    if source_system is None:
+        return None
+    if plan.topic != t.ENTRIES.name(settings.topic_prefix):
+        raise DeadLetterError("--source-system signs entries; this dead letter goes back to a stage topic, which "
+                              "carries no signature")
+    from stam.integrity import SourceConfigError, source_keys
+
+    try:
+        return source_keys(settings).sign_headers(source_system, plan.value)
+    except SourceConfigError as exc:
+        raise DeadLetterError(str(exc)) from None
+
+
+async def publish_replay(settings: Settings, plan: Replay,
+                         headers: list[tuple[str, bytes]] | None = None) -> tuple[int, int]:
     """Send the replay and wait until the broker has it: (partition, offset)."""
     from aiokafka import AIOKafkaProducer
 
@@ -331,7 +348,7 @@ async def publish_replay(settings: Settings, plan: Replay) -> tuple[int, int]:
         await producer.stop()
         raise
     try:
-        md = await producer.send_and_wait(plan.topic, key=plan.key, value=plan.value)
+        md = await producer.send_and_wait(plan.topic, key=plan.key, value=plan.value, headers=headers)
         return md.partition, md.offset
     finally:
         await producer.stop()

@@ -150,3 +150,19 @@ def test_a_stage_dead_letter_replays_to_its_stage_topic(deps: Any) -> None:
     with pytest.raises(DeadLetterError, match="ImpactedEntry schema"):
         plan_replay(Listed(id="2:5", letter=letter, patient_id="p-1", entry_id="e-1"), Settings(),
                     _entry().model_dump_json().encode())  # an entry is not what the impacted topic carries
+
+
+def test_a_replayed_entry_is_signed_as_a_configured_source() -> None:
+    """Where entries must be signed, a replay signs with --source-system (the dead letter keeps no headers); the
+    signature verifies as the extract stage verifies it."""
+    from stam.deadletters import signed
+    from stam.integrity import source_keys
+
+    s = Settings(sources=json.dumps({"ehr-a": "s" * 16}))
+    good = _entry().model_dump_json().encode()
+    plan = plan_replay(Listed(id="0:4", letter=_letter(good), patient_id="p-1", entry_id="e-1"), s)
+    assert signed(s, plan, None) is None
+    headers = signed(s, plan, "ehr-a")
+    assert source_keys(s).verify(headers, plan.value) == "ehr-a"
+    with pytest.raises(DeadLetterError, match="not configured"):
+        signed(s, plan, "ehr-b")
