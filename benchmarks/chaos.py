@@ -6,6 +6,9 @@ Sections (``--only`` picks some):
   interleaved with a real patient's entries, and 200 malformed files through ``stam publish``: every input
   applied or dead-lettered with a reason, the worker alive throughout, every good entry applied; the time until
   the good entries are applied is reported.
+- ``erasure``: three real patients through the stack, ``stam erase`` one; the independent scan
+  (``stam.erase.scan``: Redis, Milvus, every topic from offset 0, every file under STAM_HOME) must find neither
+  its id nor sample texts, and the other patients' exports must be unchanged byte for byte.
 - ``faults``: real Synthea patients streamed through the embedded stack twice, once undisturbed and once while
   the worker is killed with SIGKILL at random moments (restarted at once) and Redis, Milvus and the broker are
   each killed mid-stream and restarted. Every patient's final ``stam state --json`` must equal the undisturbed
@@ -428,12 +431,60 @@ def bad_input_section(n: int, n_files: int, seed: int, work: Path) -> dict[str, 
         stack.down()
 
 
+def erasure_section(work: Path) -> dict[str, Any]:
+    """Three real patients through the stack; ``stam erase`` one; an independent scan of Redis, Milvus, every topic
+    from offset 0 and every file under STAM_HOME finds neither its id nor sample texts; the other patients' exports
+    are unchanged byte for byte."""
+    from stam.erase import pick_samples, scan
+    from stam.export import export_state
+    from stam.stores.redis_state import RedisStateStore
+    from workers.runtime import redis_client
+
+    paths = sorted(BUNDLES.glob("*.json"))[4:7]
+    stack = Stack(work / "erasure")
+    try:
+        with _worker(stack, "worker"):
+            pub = _publish(stack, paths, None)
+            pub.wait()
+            applied = _wait_applied(stack, 900)
+        client = redis_client(stack.settings)
+        states = RedisStateStore(client, prefix=stack.settings.collection_prefix)
+        patients = states.patients()
+        target, others = patients[0], patients[1:]
+
+        def exports() -> dict[str, bytes]:
+            return {p: json.dumps(export_state(states.load(p)), sort_keys=True).encode() for p in others}
+
+        before = exports()
+        samples = pick_samples(stack.settings, target, client=client)
+        before_scan = scan(stack.settings, target, samples)
+        erase = subprocess.run([sys.executable, "-m", "stam.cli", "erase", "--patient", target, "--json",
+                                "--request-id", "chaos-erasure"], cwd=REPO, env=stack.env(), capture_output=True,
+                               text=True)
+        states = RedisStateStore(redis_client(stack.settings), prefix=stack.settings.collection_prefix)
+        after_scan = scan(stack.settings, target, samples)
+        unchanged = exports() == before
+        receipt = json.loads(erase.stdout)["receipt"] if erase.stdout.strip().startswith("{") else None
+        return {
+            "patients": len(patients), "applied": applied, "sample_texts": len(samples),
+            "residuals_before_erasure": sum(before_scan["residuals"].values()),
+            "erase_exit": erase.returncode, "receipt_names_patient": target in erase.stdout,
+            "receipt": {k: receipt[k] for k in ("counts",) if receipt and k in receipt},
+            "residuals_after_erasure": after_scan["residuals"], "verified": after_scan["verified"],
+            "other_exports_unchanged": unchanged,
+            "ok": bool(applied and after_scan["verified"] and unchanged and erase.returncode == 0
+                       and target not in erase.stdout and sum(before_scan["residuals"].values()) > 0),
+        }
+    finally:
+        stack.down()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundles", type=int, default=4, help="Synthea bundles streamed (default 4)")
     ap.add_argument("--worker-kills", type=int, default=10)
     ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--only", default="faults,bad_input", help="comma-separated sections (default: all)")
+    ap.add_argument("--only", default="faults,bad_input,erasure", help="comma-separated sections (default: all)")
     ap.add_argument("--hostile", type=int, default=1000, help="malformed or hostile raw entries (default 1000)")
     ap.add_argument("--hostile-files", type=int, default=200, help="malformed files for stam publish (default 200)")
     ap.add_argument("--redis-aof", action="store_true", help="keep Redis's append-only file in the faulted run "
@@ -452,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                                               redis_without_aof=not args.redis_aof)
         if "bad_input" in sections:
             report["bad_input"] = bad_input_section(args.hostile, args.hostile_files, args.seed, work)
+        if "erasure" in sections:
+            report["erasure"] = erasure_section(work)
     report["ok"] = all(v.get("ok", False) for v in report.values() if isinstance(v, dict))
     text = json.dumps(report, indent=2)
     print(text)
