@@ -469,7 +469,8 @@ def erasure_section(work: Path) -> dict[str, Any]:
             "patients": len(patients), "applied": applied, "sample_texts": len(samples),
             "residuals_before_erasure": sum(before_scan["residuals"].values()),
             "erase_exit": erase.returncode, "receipt_names_patient": target in erase.stdout,
-            "receipt": {k: receipt[k] for k in ("counts",) if receipt and k in receipt},
+            "receipt_removed": receipt.get("removed") if receipt else None,
+            "receipt_published_and_verified": bool(receipt and receipt["verification"]["verified"]),
             "residuals_after_erasure": after_scan["residuals"], "verified": after_scan["verified"],
             "other_exports_unchanged": unchanged,
             "ok": bool(applied and after_scan["verified"] and unchanged and erase.returncode == 0
