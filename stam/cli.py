@@ -47,7 +47,11 @@ def load_settings() -> Settings:
     from stam import stack
 
     base = Settings()
-    info = stack.read_stack(base.home)
+    # The processes whose URL the environment does not give must run: a dead one is named, never replaced by
+    # a default address or a private store (StackError, one line).
+    needed = tuple(name for name, fld in (("s3", "broker_url"), ("broker", "broker_url"), ("redis", "redis_url"),
+                                          ("milvus", "milvus_uri")) if not os.environ.get(f"STAM_{fld.upper()}"))
+    info = stack.require(base.home, needed)
     if info is None:
         return base
     overrides: dict[str, Any] = {}
@@ -78,13 +82,20 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
         asyncio.run(ensure_topics(settings))
         print(json.dumps({"broker_url": info.broker_url, "redis_url": info.redis_url,
-                          "milvus_uri": info.milvus_uri}, indent=2))
+                          "milvus_uri": info.milvus_uri, "broker_storage": info.broker_storage,
+                          "redis_fsync": info.redis_fsync, "started": info.restarted}, indent=2))
     elif args.action == "down":
-        print("stopped" if stack.down(home) else "no stack running")
+        print("stopped (data kept in " + str(home) + ")" if stack.down(home) else "no stack running")
     else:
-        running = stack.read_stack(home)
-        print(json.dumps(running.__dict__, indent=2) if running else "no stack running")
-        return 0 if running else 1
+        procs = stack.status(home)
+        if not procs:
+            print(f"no stack in {home}")
+            return 1
+        print(json.dumps(procs, indent=2))
+        dead = [n for n, p in procs.items() if not p["alive"]]
+        if dead:
+            print(f"not running: {', '.join(dead)}; `stam stack up` restarts them", file=sys.stderr)
+        return 1 if dead else 0
     return 0
 
 
@@ -354,7 +365,7 @@ def _demo_stack() -> tuple[Path, bool, Settings]:
 
     home = Settings().home
     print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
-    started_stack = stack.read_stack(home) is None
+    started_stack = stack.running_stack(home) is None
     stack.up(home)
     settings = load_settings()
     asyncio.run(ensure_topics(settings))
@@ -443,7 +454,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"    gate: {'ACTIVE+HISTORY' if g.serve_history else 'ACTIVE only'} ({g.reason}); "
                   f"{answer.packet.tokens} tokens; {answer.latency_ms:.0f} ms")
             print("    " + answer.packet.rendered.replace("\n", "\n    "))
-        print(f"\nAsk more: STAM_HOME={home} .venv/bin/stam ask --patient {patient} \"...\" [--as-of 1938-06-01]")
+        again = "" if not started_stack or args.keep else f"STAM_HOME={home} .venv/bin/stam stack up && "
+        print(f"\nAsk more (the record is kept in {home}): {again}STAM_HOME={home} .venv/bin/stam ask "
+              f"--patient {patient} \"How has the body height changed over time?\" --as-of 1938-06-01")
         return 0 if counts["entries_done"] == len(result.entries) else 1
     finally:
         _stop(worker, timeout=20)
@@ -1012,7 +1025,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    return int(args.fn(args))
+    from stam.errors import StackError
+
+    try:
+        return int(args.fn(args))
+    except StackError as exc:  # a stack process down, or one that cannot start: one line, no traceback
+        print(f"stam: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":
