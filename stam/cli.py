@@ -1,6 +1,7 @@
 """The ``stam`` command line.
 
-  stam stack up|down|status     embedded broker (Tansu), Redis and Milvus Lite on loopback
+  stam stack up|down|status     embedded broker (Tansu on SeaweedFS S3), Redis (AOF) and Milvus Lite on loopback;
+                                up restarts only dead processes, status exits 1 when one is dead
   stam worker                   run the write-path workers (extract, link, impact, update)
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam transitions              print transitions from the transitions topic
@@ -15,8 +16,9 @@
   stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
   stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
 
-Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
-(<home>/stack.json) are used.
+Settings come from STAM_* environment variables; for any not set, the embedded stack's URLs
+(<home>/stack.json) are used; when a process of it is not running, commands fail naming it (never a silent
+fallback to a default address or a private store).
 """
 
 from __future__ import annotations
