@@ -63,7 +63,7 @@ class StackInfo:
 
     def dead(self) -> list[str]:
         """Processes of the stack that are not running (all of them when it was stopped)."""
-        return [n for n, p in self.processes.items() if self.stopped or not _alive(p.pid)]
+        return [n for n, p in self.processes.items() if self.stopped or not _runs(p)]
 
 
 def _free_port() -> int:
@@ -150,6 +150,19 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def _runs(p: Process) -> bool:
+    """The recorded process still runs (its pid is alive and runs its own command, not a reused pid)."""
+    if not _alive(p.pid):
+        return False
+    if not p.cmd:
+        return True
+    try:
+        argv0 = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return True  # no /proc: trust the pid
+    return Path(argv0).name == Path(p.cmd[0]).name
 
 
 def _write(home: Path, info: StackInfo) -> None:
@@ -298,7 +311,7 @@ def down(home: Path) -> bool:
     info = read_stack(home)
     if info is None or info.stopped:
         return False
-    pids = [p.pid for p in info.processes.values() if _alive(p.pid)]
+    pids = [p.pid for p in info.processes.values() if _runs(p)]
     for pid in pids:
         _kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
@@ -317,7 +330,7 @@ def status(home: Path) -> dict[str, dict[str, object]]:
     info = read_stack(home)
     if info is None:
         return {}
-    return {n: {"alive": not info.stopped and _alive(p.pid), "pid": p.pid, "port": p.port, "data": p.data,
+    return {n: {"alive": not info.stopped and _runs(p), "pid": p.pid, "port": p.port, "data": p.data,
                 "log": p.log} for n, p in info.processes.items()}
 
 
@@ -331,7 +344,7 @@ def require(home: Path, needed: tuple[str, ...] = ORDER) -> StackInfo | None:
         raise StackError(f"the embedded stack in {home} is stopped (its data is kept); run `stam stack up`")
     for name in needed:
         p = info.processes.get(name)
-        if p is not None and not _alive(p.pid):
+        if p is not None and not _runs(p):
             raise StackError(f"the stack's {name} (pid {p.pid}, port {p.port}) is not running; "
                              f"run `stam stack up` to restart it")
     return info
