@@ -104,12 +104,16 @@ def _wait_bucket(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: f
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise StackError(f"s3 exited with {proc.returncode}; see {log}")
+        # Ready when an object can be written and read back (the bucket answers HEAD before the volume
+        # server has registered; Tansu then drops its clients' connections).
+        url = f"http://127.0.0.1:{port}/{BUCKET}/.stam-ready"
         try:
-            urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/{BUCKET}", method="HEAD"),
-                                   timeout=2)
-            return
+            urllib.request.urlopen(urllib.request.Request(url, data=b"ok", method="PUT"), timeout=5)
+            if urllib.request.urlopen(url, timeout=5).read() == b"ok":
+                return
         except (urllib.error.URLError, OSError):
-            time.sleep(0.2)
+            pass
+        time.sleep(0.2)
     raise StackError(f"s3 bucket {BUCKET} not ready within {timeout:.0f}s; see {log}")
 
 
@@ -162,7 +166,8 @@ def _runs(p: Process) -> bool:
         argv0 = Path(f"/proc/{p.pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
     except OSError:
         return True  # no /proc: trust the pid
-    return Path(argv0).name == Path(p.cmd[0]).name
+    # redis-server rewrites its title ("/path/redis-server 127.0.0.1:6379"): compare the program's name
+    return Path((argv0.split() or [""])[0]).name == Path(p.cmd[0]).name
 
 
 def _write(home: Path, info: StackInfo) -> None:
