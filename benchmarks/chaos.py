@@ -9,6 +9,8 @@ Sections (``--only`` picks some):
 - ``erasure``: three real patients through the stack, ``stam erase`` one; the independent scan
   (``stam.erase.scan``: Redis, Milvus, every topic from offset 0, every file under STAM_HOME) must find neither
   its id nor sample texts, and the other patients' exports must be unchanged byte for byte.
+- ``restart``: ``stam demo`` as ``make demo`` runs it, then the ``--as-of`` command it prints, run as printed
+  after the demo stopped its stack: it answers from the kept record.
 - ``faults``: real Synthea patients streamed through the embedded stack twice, once undisturbed and once while
   the worker is killed with SIGKILL at random moments (restarted at once) and Redis, Milvus and the broker are
   each killed mid-stream and restarted. Every patient's final ``stam state --json`` must equal the undisturbed
@@ -460,12 +462,48 @@ def erasure_section(work: Path) -> dict[str, Any]:
         stack.down()
 
 
+def restart_section(work: Path) -> dict[str, Any]:
+    """``stam demo`` as ``make demo`` runs it, then the ``--as-of`` command it prints, run as printed (the stack
+    is started again from what it kept on disk): it must answer from the kept log."""
+    import re
+    import shlex
+
+    home = (work / "demo").resolve()
+    env = dict(os.environ, STAM_HOME=str(home))
+    for k in ("STAM_BROKER_URL", "STAM_REDIS_URL", "STAM_MILVUS_URI"):
+        env.pop(k, None)
+    demo = subprocess.run([sys.executable, "-m", "stam.cli", "demo"], cwd=REPO, env=env, capture_output=True,
+                          text=True)
+    line = next((x for x in demo.stdout.splitlines() if x.startswith("Ask more")), "")
+    command = line.split(": ", 1)[1] if ": " in line else ""
+    stam = [sys.executable, "-m", "stam.cli"]
+    answered = None
+    try:
+        outputs = []
+        for part in command.split(" && "):  # run as printed, with this interpreter's stam
+            words = shlex.split(part)
+            while words and re.match(r"^[A-Z_]+=", words[0]):
+                words.pop(0)
+            run = subprocess.run(stam + words[1:], cwd=REPO, env=env, capture_output=True, text=True)
+            outputs.append({"command": " ".join(words[:3]), "exit": run.returncode})
+            answered = run
+        ok = bool(demo.returncode == 0 and command and answered is not None and answered.returncode == 0
+                  and len(answered.stdout.strip().splitlines()) >= 2)
+        return {"demo_exit": demo.returncode, "printed_command": command.replace(str(home), "<home>"),
+                "steps": outputs, "answer_lines": len(answered.stdout.splitlines()) if answered else 0,
+                "answer_head": answered.stdout.splitlines()[:3] if answered else [], "ok": ok}
+    finally:
+        from stam import stack
+
+        stack.down(home)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundles", type=int, default=4, help="Synthea bundles streamed (default 4)")
     ap.add_argument("--worker-kills", type=int, default=10)
     ap.add_argument("--seed", type=int, default=13)
-    ap.add_argument("--only", default="faults,bad_input,erasure", help="comma-separated sections (default: all)")
+    ap.add_argument("--only", default="faults,bad_input,erasure,restart", help="comma-separated sections (default: all)")
     ap.add_argument("--hostile", type=int, default=1000, help="malformed or hostile raw entries (default 1000)")
     ap.add_argument("--hostile-files", type=int, default=200, help="malformed files for stam publish (default 200)")
     ap.add_argument("--redis-aof", action="store_true", help="keep Redis's append-only file in the faulted run "
@@ -486,6 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             report["bad_input"] = bad_input_section(args.hostile, args.hostile_files, args.seed, work)
         if "erasure" in sections:
             report["erasure"] = erasure_section(work)
+        if "restart" in sections:
+            report["restart"] = restart_section(work)
     report["ok"] = all(v.get("ok", False) for v in report.values() if isinstance(v, dict))
     text = json.dumps(report, indent=2)
     print(text)
