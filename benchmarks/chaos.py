@@ -329,7 +329,7 @@ async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import bootstrap, read_to_end
 
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
@@ -339,12 +339,7 @@ async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
         tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
-        out: list[dict[str, Any]] = []
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for recs in (await consumer.getmany(*tps, timeout_ms=1000)).values():
-                out.extend(json.loads(r.value) for r in recs)
-        return out
+        return [json.loads(r.value) async for r in read_to_end(consumer, tps)]
     finally:
         await consumer.stop()
 

@@ -158,7 +158,7 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0) -> list[L
     """Every record of the dead-letter topic, from offset 0 of every partition to its end now."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from topology.admin import bootstrap
+    from topology.admin import bootstrap, read_to_end
 
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None,
@@ -178,13 +178,10 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0) -> list[L
         tps = [TopicPartition(topic, p) for p in parts]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
         out: list[Listed] = []
-        for tp in tps:
-            while await consumer.position(tp) < ends[tp]:
-                for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                    out.extend(_listed(r.partition, r.offset, r.value or b"") for r in records if r.offset < ends[tp])
-        return out
+        async for r in read_to_end(consumer, tps):
+            out.append(_listed(r.partition, r.offset, r.value or b""))
+        return sorted(out, key=lambda x: tuple(int(n) for n in x.id.split(":")))
     finally:
         await consumer.stop()
 

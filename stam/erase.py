@@ -448,7 +448,7 @@ async def _raw_topic_scan(settings: Settings, needles: list[bytes]) -> list[dict
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import bootstrap, read_to_end
 
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest")
@@ -464,26 +464,20 @@ async def _raw_topic_scan(settings: Settings, needles: list[bytes]) -> list[dict
         if not tps:
             return found
         consumer.assign(tps)
-        ends = await consumer.end_offsets(tps)
         await consumer.seek_to_beginning(*tps)
-        todo = {tp for tp in tps if ends[tp] > 0}
-        for tp in tps:
-            if tp in todo and await consumer.position(tp) >= ends[tp]:
-                todo.discard(tp)
-        deadline = time.monotonic() + 300
-        while todo and time.monotonic() < deadline:
-            batch = await consumer.getmany(*todo, timeout_ms=1000)
-            for tp, recs in batch.items():
-                for r in recs:
-                    parts = [r.key or b"", r.value or b""] + [v or b"" for _, v in (r.headers or ())]
-                    for i, needle in enumerate(needles):
-                        if any(needle in p for p in parts):
-                            found.append({"topic": tp.topic, "partition": tp.partition, "offset": r.offset,
-                                          "needle": i, "where": "raw"})
-                if await consumer.position(tp) >= ends[tp]:
-                    todo.discard(tp)
-        if todo:
-            raise TimeoutError(f"topic scan did not reach the end of {len(todo)} partitions in 300 s")
+
+        async def scan_all() -> None:
+            async for r in read_to_end(consumer, tps):
+                parts = [r.key or b"", r.value or b""] + [v or b"" for _, v in (r.headers or ())]
+                for i, needle in enumerate(needles):
+                    if any(needle in p for p in parts):
+                        found.append({"topic": r.topic, "partition": r.partition, "offset": r.offset,
+                                      "needle": i, "where": "raw"})
+
+        try:
+            await asyncio.wait_for(scan_all(), timeout=300)
+        except TimeoutError as exc:
+            raise TimeoutError("topic scan did not reach the end of every partition in 300 s") from exc
     finally:
         await consumer.stop()
     return found

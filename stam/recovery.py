@@ -36,6 +36,7 @@ from schemas import TransitionEvent
 from stam.config import Settings
 from stam.metrics import RECOVERED_PATIENTS, RECOVERIES
 from topology import topics as t
+from topology.admin import bootstrap, read_to_end
 
 if TYPE_CHECKING:
     from stam.stages import Deps
@@ -79,8 +80,6 @@ def behind(checkpoint: Checkpoint | None, marks: tuple[str | None, int]) -> bool
 async def _consumer(settings: Settings) -> Any:
     from aiokafka import AIOKafkaConsumer
 
-    from topology.admin import bootstrap
-
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
     await consumer.start()
     return consumer
@@ -99,19 +98,15 @@ async def read_checkpoint(settings: Settings) -> Checkpoint | None:
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]
         start = (await consumer.beginning_offsets([tp]))[tp]
-        if end <= start:
-            return None
-        consumer.seek(tp, max(start, end - 64))
+        consumer.seek(tp, max(start, end - 64))  # the last ones (a stale end only means reading a few more)
         best: Checkpoint | None = None
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                for r in records:
-                    if r.key != CHECKPOINT_KEY or r.value is None:
-                        continue
-                    cp = Checkpoint.decode(r.value)
-                    # The last epoch wins (a recovered store starts a new one); within it, the highest counter.
-                    if best is None or cp.epoch != best.epoch or cp.wseq > best.wseq:
-                        best = cp
+        async for r in read_to_end(consumer, [tp]):
+            if r.key != CHECKPOINT_KEY or r.value is None:
+                continue
+            cp = Checkpoint.decode(r.value)
+            # The last epoch wins (a recovered store starts a new one); within it, the highest counter.
+            if best is None or cp.epoch != best.epoch or cp.wseq > best.wseq:
+                best = cp
         return best
     finally:
         await consumer.stop()
@@ -133,13 +128,10 @@ async def read_log(settings: Settings) -> dict[str, list[TransitionEvent]]:
             return {}
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        ends = await consumer.end_offsets(tps)
         by_patient: dict[str, list[TransitionEvent]] = defaultdict(list)
-        while [tp for tp in tps if await consumer.position(tp) < ends[tp]]:
-            for records in (await consumer.getmany(*tps, timeout_ms=1000, max_records=5000)).values():
-                for r in records:
-                    ev = TransitionEvent.model_validate_json(r.value)
-                    by_patient[ev.patient_id].append(ev)
+        async for r in read_to_end(consumer, tps):
+            ev = TransitionEvent.model_validate_json(r.value)
+            by_patient[ev.patient_id].append(ev)
         return dict(by_patient)
     finally:
         await consumer.stop()

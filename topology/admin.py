@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
@@ -35,3 +37,21 @@ async def ensure_topics(settings: Settings) -> list[str]:
         return [n.name for n in new]
     finally:
         await admin.close()
+
+
+async def read_to_end(consumer: Any, tps: list[Any], *, max_records: int = 5000) -> AsyncIterator[Any]:
+    """Every record of ``tps`` from the consumer's positions to their ends.
+
+    A broker's reported end offset can lag records it already serves (Tansu on S3 answered ListOffsets with a
+    stale end now and then, measured here), so reaching the reported end is not the end: one more fetch must
+    come back empty, with the end offsets asked again, before the read stops."""
+    while True:
+        ends = await consumer.end_offsets(tps)
+        pending = [tp for tp in tps if await consumer.position(tp) < ends[tp]]
+        batch = await consumer.getmany(*(pending or tps), timeout_ms=1000 if pending else 300,
+                                       max_records=max_records)
+        records = [r for recs in batch.values() for r in recs]
+        if not pending and not records:
+            return
+        for r in records:
+            yield r

@@ -103,7 +103,7 @@ async def read_patient_transitions(settings: Settings, patient_id: str) -> list[
     from aiokafka.partitioner import DefaultPartitioner
 
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import bootstrap, read_to_end
 
     topic = t.TRANSITIONS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
@@ -117,11 +117,10 @@ async def read_patient_transitions(settings: Settings, patient_id: str) -> list[
         tp = TopicPartition(topic, DefaultPartitioner()(key, parts, parts))
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
-        end = (await consumer.end_offsets([tp]))[tp]
         events: list[TransitionEvent] = []
-        while await consumer.position(tp) < end:
-            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
-                events.extend(TransitionEvent.model_validate_json(r.value) for r in records if r.key == key)
+        async for r in read_to_end(consumer, [tp]):
+            if r.key == key:
+                events.append(TransitionEvent.model_validate_json(r.value))
         return events
     finally:
         await consumer.stop()
