@@ -532,7 +532,8 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
     if mdir is None:
         not_covered.append("milvus_files: the Milvus server's files are not on this machine (a Milvus server "
                            "removes compacted segments after its garbage-collection interval)")
-    file_hits: dict[str, list[str]] = {"milvus_files": [], "redis_files": [], "files": []}
+    file_hits: dict[str, list[str]] = {"milvus_files": [], "redis_files": [], "broker_files": [], "files": []}
+    broker_dir = settings.home / "broker"  # the embedded broker's topic storage (S3 objects): the topics' bytes
     roots = [settings.home] + ([mdir] if mdir is not None and not _inside(mdir, settings.home) else [])
     for root in roots:
         for path in _home_files(root) if root.is_dir() else ([root] if root.is_file() else []):
@@ -548,6 +549,8 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
                 continue
             if mdir is not None and _inside(path, mdir):
                 place = "milvus_files"
+            elif _inside(path, broker_dir):
+                place = "broker_files"
             elif _is_redis_file(path):
                 place = "redis_files"
             else:
