@@ -114,6 +114,9 @@ class AppendOnlyStates:
     def source_text(self, patient_id: str, entry_id: str) -> str | None:
         return self._states.source_text(patient_id, entry_id)  # type: ignore[no-any-return]
 
+    def gaps(self, patient_id: str) -> list[Any]:
+        return list(self._states.gaps(patient_id))
+
 
 @dataclass
 class _Memories:
