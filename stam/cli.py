@@ -231,6 +231,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _until_interrupted(work: Any) -> bool:
+    """Run ``work``; True when Ctrl-C (SIGINT) stopped it. The signal is recorded, not only turned into a
+    cancellation: a library that swallows the cancellation must not make an interrupted run look complete."""
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        await task
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+    return interrupted
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
     from tqdm import tqdm
@@ -253,9 +278,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if args.source_system is None and source_keys(settings).require_signed:
             raise SourceConfigError("signed entries are required (STAM_SOURCES / STAM_REQUIRE_SIGNED_ENTRIES): pass "
                                     "--source-system NAME, or the workers dead-letter every entry")
-        asyncio.run(publish_paths(settings, args.paths, fmt=args.format, rate=args.rate, progress=progress,
-                                  subjects=subjects, tables=tables, summary=summary,
-                                  source_system=args.source_system))
+        interrupted = asyncio.run(_until_interrupted(publish_paths(
+            settings, args.paths, fmt=args.format, rate=args.rate, progress=progress, subjects=subjects,
+            tables=tables, summary=summary, source_system=args.source_system)))
+        if interrupted:
+            raise KeyboardInterrupt
     except SourceConfigError as exc:
         bar.close()
         print(f"stam publish: {exc}", file=sys.stderr)
