@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     require_signed_entries: bool | None = Field(
         default=None, description="Dead-letter entries that are not signed by a configured source system; unset: "
         "on when any source is configured")
+    data_key_file: Path | None = Field(
+        default=None, description="Master key (32 bytes, base64) that seals the per-patient data keys; every process "
+        "of a deployment reads the same file (a Secret). Unset: <home>/data.key, created on first use (stam/crypto.py)")
     query_tokens_file: Path | None = Field(
         default=None, description="Query tokens with scopes (`stam token new` writes entries); see README Security")
     query_kafka_require_token: bool = Field(

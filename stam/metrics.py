@@ -20,6 +20,9 @@ RECOVERIES = Counter("stam_state_recoveries_total",
                      "Times the worker found the state store behind the transition log and rebuilt it")
 RECOVERED_PATIENTS = Counter("stam_state_recovered_patients_total",
                              "Patients rebuilt from the transition log after the state store lost writes")
+UNREADABLE = Counter("stam_state_unreadable_transitions_total",
+                     "Transitions recovery could not open: their patient's data key is missing from the key store "
+                     "(not erased); alert on any increase")
 BACKGROUND_FAILURES = Counter("stam_background_failures_total",
                               "Failures of the worker's timers and background tasks (retried; never fatal)",
                               ["task", "error_type"])
