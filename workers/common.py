@@ -37,6 +37,7 @@ from pymilvus import exceptions as milvus_errors
 from pymilvus.exceptions import MilvusException
 
 from schemas.limits import BROKER_MESSAGE_BYTES
+from stam.crypto import Erased, Sealer
 from stam.errors import ConcurrentUpdate, MessageFault, MessageTooLarge, StateRolledBack
 from stam.metrics import MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
 from stam.stages import Deps
@@ -110,17 +111,27 @@ def _milvus(exc: MilvusException) -> Fault:
 STAGE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-stage")
 
 
-def _parse(model: type[In], event: faust.EventT[Any]) -> In:
-    value = event.value
-    return model.model_validate_json(value if isinstance(value, bytes | str) else bytes(value))
+def raw_value(event: faust.EventT[Any]) -> bytes:
+    value: Any = event.message.value
+    if value is None:
+        return b""
+    return value if isinstance(value, bytes) else value.encode() if isinstance(value, str) else bytes(value)
+
+
+def _parse(model: type[In], event: faust.EventT[Any], value: bytes) -> In:
+    return model.model_validate_json(value)
 
 
 async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: type[In],
                     fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
                     on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]],
-                    parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
-    """Validate each event, run the stage on the valid ones in order, hand each result on.
-    ``parse`` replaces the plain schema validation (the extract stage verifies the source signature there).
+                    parse: Callable[[faust.EventT[Any], bytes], In] | None = None) -> None:
+    """Open each event's envelope (``stam.crypto``), validate it, run the stage on the valid ones in order, hand
+    each result on. ``parse`` replaces the plain schema validation of the opened value (the extract stage
+    verifies the source signature there).
+
+    An envelope whose data key was shredded (the patient was erased while it was in flight) is dropped:
+    its content is gone by design, it is nobody's fault. One that does not open is the message's fault.
 
     A batch that fails for a message's fault is re-run one message at a time, so only the faulty
     message is dead-lettered. A result that cannot be handed on for the message's fault (over the broker's
@@ -128,12 +139,25 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
     batch time divided by its size.
     """
     parsed: list[tuple[faust.EventT[Any], In]] = []
-    for event in events:
+    opened: dict[int, bytes] = {}  # id(event) -> its plaintext, which a dead letter keeps (sealed again)
+    sealer = runtime.sealer
+    raws = [raw_value(e) for e in events]
+    if any(sealer.sealed(r) for r in raws):  # the patients' keys, fetched off the loop (an outage is retried)
+        def prefetch() -> list[None]:
+            sealer.prefetch(raws)
+            return []
+
+        await _with_retry(stage, events[0], prefetch, timed=False)
+    for event, raw in zip(events, raws, strict=True):
         try:
-            parsed.append((event, parse(event) if parse is not None else _parse(model, event)))
+            value = opened[id(event)] = sealer.open(raw)
+            parsed.append((event, parse(event, value) if parse is not None else _parse(model, event, value)))
+        except Erased:
+            MESSAGES.labels(stage=stage, outcome="erased").inc()
+            continue
         except PARSE_FAULTS as exc:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(event, stage, exc)
+            await runtime.dead_letter(event, stage, exc, opened.get(id(event)))
     if not parsed:
         return
     try:
@@ -141,7 +165,7 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
     except MESSAGE_FAULTS as exc:
         if len(parsed) == 1:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(parsed[0][0], stage, exc)
+            await runtime.dead_letter(parsed[0][0], stage, exc, opened.get(id(parsed[0][0])))
             return
         for event, _ in parsed:
             await run_batch([event], stage=stage, model=model, fn=fn, runtime=runtime, on_result=on_result,
@@ -152,12 +176,13 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
             await on_result(event, result)
         except MessageTooLarge as exc:
             MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
-            await runtime.dead_letter(event, stage, exc)
+            await runtime.dead_letter(event, stage, exc, opened.get(id(event)))
             continue
         MESSAGES.labels(stage=stage, outcome="ok").inc()
 
 
-async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]]) -> list[Out]:
+async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]], *,
+                      timed: bool = True) -> list[Out]:
     """Run ``call`` on the stage thread until it returns or fails for the message's fault (raised).
 
     An outage is retried with backoff (WARNING); a bug is retried too, so the partition holds rather than
@@ -188,10 +213,11 @@ async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], l
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
                 continue
-            per_entry = (perf_counter() - started) / max(len(results), 1)
-            hist = STAGE_SECONDS.labels(stage=stage)
-            for _ in results:
-                hist.observe(per_entry)
+            if timed:
+                per_entry = (perf_counter() - started) / max(len(results), 1)
+                hist = STAGE_SECONDS.labels(stage=stage)
+                for _ in results:
+                    hist.observe(per_entry)
             return results
     finally:
         if stalled:
@@ -202,9 +228,17 @@ OUTPUT_LIMIT = BROKER_MESSAGE_BYTES - 4096
 """Largest value a stage sends on (the producer's limit, less room for the key and the record overhead)."""
 
 
+def seal(sealer: Sealer, patient_id: str, payload: BaseModel | bytes) -> tuple[bytes, bytes]:
+    """(message key, value) of a payload for one patient: its pseudonym, and the payload sealed under its data
+    key (``stam.crypto``). Blocking (the key may be read from Redis): call it on the stage thread."""
+    value = payload if isinstance(payload, bytes) else payload.model_dump_json().encode()
+    return sealer.message_key(patient_id), sealer.seal(patient_id, value)
+
+
 async def send(topic: faust.TopicT, key: bytes | None, payload: BaseModel) -> Any:
-    """Send ``payload`` keyed by ``key``. An output over the broker's message limit raises
-    :class:`MessageTooLarge` (the input message's fault) instead of failing the agent."""
+    """Send ``payload`` keyed by ``key`` as it is (no patient data: sealed values go through :func:`send_bytes`).
+    An output over the broker's message limit raises :class:`MessageTooLarge` (the input message's fault)
+    instead of failing the agent."""
     value = payload.model_dump_json().encode()
     return await send_bytes(topic, key, value, what=type(payload).__name__)
 
@@ -225,13 +259,25 @@ async def send_bytes(topic: faust.TopicT, key: bytes | None, value: bytes, *, wh
 
 async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type[In],
                           fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any]], In] | None = None) -> None:
+                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any], bytes], In] | None = None) -> None:
     """Consume in batches of whatever is waiting (at most ``stage_batch``, 20 ms apart), run the batch
-    stage function, send each result on keyed as it came (the patient id)."""
+    stage function, send each result on sealed for its patient and keyed by the patient's pseudonym."""
+    sealer = runtime.sealer
 
-    async def hand_on(event: faust.EventT[Any], out: Any) -> None:
-        await send(dest, event.message.key, out)
+    def sealed_fn(items: list[In], deps: Deps) -> list[tuple[bytes, bytes, str]]:
+        # Sealed on the stage thread, with the stage: a key-store outage is retried like any store's.
+        out = []
+        for result in fn(items, deps):
+            payload: Any = result
+            key, value = seal(sealer, payload.entry.patient_id, payload)
+            out.append((key, value, type(result).__name__))
+        sealer.durable()  # a key made just now is on Redis's disk before anything sealed under it leaves
+        return out
+
+    async def hand_on(event: faust.EventT[Any], out: tuple[bytes, bytes, str]) -> None:
+        await send_bytes(dest, out[0], out[1], what=out[2])
 
     # take_events exists on faust-streaming streams but is missing from its StreamT stub.
     async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
-        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=hand_on, parse=parse)
+        await run_batch(events, stage=stage, model=model, fn=sealed_fn, runtime=runtime, on_result=hand_on,
+                        parse=parse)

@@ -33,11 +33,10 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     topics = runtime.topics
     keys = source_keys(runtime.settings)
 
-    def verified(event: faust.EventT[Any]) -> VerifiedEntry:
-        value = event.message.value
-        raw = value if isinstance(value, bytes) else str(value).encode()
-        source = keys.verify(event.message.headers, raw)
-        return VerifiedEntry(entry=RecordEntry.model_validate_json(raw), source_system=source)
+    def verified(event: faust.EventT[Any], value: bytes) -> VerifiedEntry:
+        # ``value`` is the opened entry: a signature covers the plaintext (``stam publish`` signs, then seals).
+        source = keys.verify(event.message.headers, value)
+        return VerifiedEntry(entry=RecordEntry.model_validate_json(value), source_system=source)
 
     @app.agent(topics.entries, name="stam.extract")
     async def extract(stream: faust.StreamT[Any]) -> None:

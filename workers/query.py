@@ -1,7 +1,8 @@
 """The query consumer: gated reads, separate from the write path (its own Faust app and consumer group).
 
-- Kafka: consumes ``stam.queries.v1`` (QueryRequest, key = patient id) and produces ``stam.answers.v1``
-  (QueryAnswer, same key, correlated by ``request_id``). A message that is not a valid QueryRequest goes to
+- Kafka: consumes ``stam.queries.v1`` (QueryRequest, key = patient id; a sealed one is opened) and produces
+  ``stam.answers.v1`` (QueryAnswer sealed for the patient, ``stam.crypto``; key = the patient's pseudonym;
+  correlated by ``request_id``). A message that is not a valid QueryRequest goes to
   the dead-letter topic with its bytes; the stream goes on. With ``STAM_QUERY_KAFKA_REQUIRE_TOKEN`` a query
   carries ``authorization: Bearer <token>`` as a Kafka header and is answered within that token's scope.
 - HTTP: ``POST /v1/query`` with a QueryRequest JSON body (``request_id`` may be omitted) and
@@ -22,6 +23,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import faust
@@ -32,10 +34,12 @@ from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
+from stam.crypto import Erased, SealBroken
 from stam.metrics import QUERIES, QUERY_SECONDS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
+from workers.common import raw_value, seal
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.query")
@@ -61,7 +65,7 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
                               timeout_s=settings.reader_timeout_s)
 
     async def transitions(patient_id: str) -> list[Any]:
-        return await read_patient_transitions(settings, patient_id)
+        return await read_patient_transitions(settings, patient_id, sealer=runtime.sealer)
 
     return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
                         tokenizer=load_tokenizer(settings.tokenizer or settings.embedding_model),
@@ -183,18 +187,28 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
 
     @app.agent(topics.queries, name="stam.query")
     async def query(stream: faust.StreamT[Any]) -> None:
+        sealer = runtime.sealer
         async for event in stream.events():
-            try:
-                req = QueryRequest.model_validate_json(event.value)
-            except (ValidationError, ValueError, TypeError) as exc:
-                await runtime.dead_letter(event, "query", exc)
+            raw = raw_value(event)
+            opened: bytes | None = None
+            try:  # a client may seal its question for the patient (stam.crypto); a plain one is read as it is
+                opened = raw if not sealer.sealed(raw) else await runtime.off_loop("open query",
+                                                                                  partial(sealer.open, raw))
+                req = QueryRequest.model_validate_json(opened)
+            except Erased:
+                continue
+            except (ValidationError, ValueError, TypeError, SealBroken) as exc:
+                await runtime.dead_letter(event, "query", exc, opened)
                 continue
             if settings.query_kafka_require_token:
                 answer = await scoped(req, scopes.authenticate(kafka_header(event, "authorization")))
             else:
                 answer = await respond(req)
             observe(answer, "kafka")
-            await topics.answers.send(key=req.patient_id.encode(), value=answer.model_dump_json().encode())
+            # Sealed for the patient, keyed by its pseudonym: open with stam.crypto.Sealer (the answers name the
+            # patient and carry its evidence; they must be as erasable as the rest).
+            key, value = await runtime.off_loop("seal answer", partial(seal, sealer, req.patient_id, answer))
+            await topics.answers.send(key=key, value=value)
 
     @app.task
     async def _warm() -> None:

@@ -17,11 +17,10 @@ from typing import Any
 import faust
 
 from schemas import ImpactedEntry
-from stam.deadletters import entry_ids
 from stam.errors import MessageTooLarge, StateRolledBack
 from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
 from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
-from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, send_bytes
+from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, seal, send_bytes
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")
@@ -71,8 +70,9 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         count = 0
         for patient_id, entry_id, raw in states.pending_outboxes():
             try:
-                futures = [await send_bytes(topics.transitions, patient_id.encode(), t.model_dump_json().encode(),
-                                            what="transition") for t in decode_outbox(raw)]
+                sealed = [seal(runtime.sealer, patient_id, t) for t in decode_outbox(raw)]
+                runtime.sealer.durable()
+                futures = [await send_bytes(topics.transitions, k, v, what="transition") for k, v in sealed]
             except MessageTooLarge:  # cannot ever be published: kept in Redis, not retried at every start
                 log.error("an outbox holds a transition over the broker's message limit; left in Redis")
                 continue
@@ -91,23 +91,29 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         except Exception as exc:  # noqa: BLE001 - still down: the next round (or the next entry) tries again
             _failed("watch_state_store", exc, runtime.settings.state_watch_s)
 
-    def apply(items: list[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
+    Done = tuple[UpdateResult, list[tuple[bytes, bytes]], tuple[str, str]]
+
+    def apply(items: list[ImpactedEntry], deps: Deps) -> list[Done]:
         try:
-            return update_batch(items, deps)
+            results = update_batch(items, deps)
         except StateRolledBack:
             # The store lost writes while this worker ran: rebuild from the log, then apply on top of that.
             runtime.durability.recover_blocking()
-            return update_batch(items, deps)
+            results = update_batch(items, deps)
+        # Sealed here, on the stage thread (the patient's data key may be read from Redis).
+        done = [(r, [seal(runtime.sealer, t.patient_id, t) for t in r.transitions],
+                 (item.entry.patient_id, item.entry.entry_id)) for item, r in zip(items, results, strict=True)]
+        runtime.sealer.durable()
+        return done
 
-    async def publish(event: faust.EventT[Any], out: UpdateResult) -> None:
+    async def publish(event: faust.EventT[Any], done: Done) -> None:
+        out, sealed, ids = done
         if out.redone:
             REDONE.inc()
         if out.duplicate:
             MESSAGES.labels(stage="update", outcome="duplicate").inc()
-            await _close_gap(event)
-        key = event.message.key
-        values = [t.model_dump_json().encode() for t in out.transitions]
-        over = [len(v) for v in values if len(v) + len(key or b"") > OUTPUT_LIMIT]
+            await _close_gap(ids)
+        over = [len(v) for k, v in sealed if len(v) + len(k) > OUTPUT_LIMIT]
         if over:
             # The state change is committed with its outbox; the outbox stays in Redis (the record of what
             # was applied) and the entry is dead-lettered so the gap is visible. The stream goes on.
@@ -116,25 +122,25 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             raise MessageTooLarge(f"a transition would be {max(over):,} bytes, over the broker's message limit; "
                                   "the entry's state change is applied, its transitions are kept in the Redis "
                                   "outbox and were not published")
-        futures = [await send_bytes(topics.transitions, key, v, what="transition") for v in values]
+        futures = [await send_bytes(topics.transitions, k, v, what="transition") for k, v in sealed]
         if not out.duplicate:
             for t in out.transitions:
                 TRANSITIONS.labels(kind=t.kind.value, reason=t.reason.value if t.reason else "").inc()
                 for r in t.refused:
                     ARCHIVE_REFUSED.labels(reason=r.reason.value).inc()
-                    log.warning("archival refused by the source-identity rule: transition=%s memory=%s reason=%s "
-                                "(why: on the transition)", t.transition_id, r.memory_id, r.reason.value)
+                    # No ids in the log (MIMIC-IV entry and memory ids carry subject ids): the transition
+                    # records which memory and why (`refused`), under the patient's key.
+                    log.warning("archival refused by the source-identity rule: reason=%s (recorded on the "
+                                "transition)", r.reason.value)
         if futures:
             first = out.transitions[0]
             task = asyncio.ensure_future(_clear_when_delivered(futures, first.patient_id, first.entry_id))
             pending.add(task)
             task.add_done_callback(pending.discard)
 
-    async def _close_gap(event: faust.EventT[Any]) -> None:
+    async def _close_gap(ids: tuple[str, str]) -> None:
         # An entry already applied (a replay of a dead letter whose entry got in another way) has no gap.
-        ids = entry_ids(event.message.value)
-        if ids is not None:
-            await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, runtime.deps.states.clear_gap, *ids)
+        await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, runtime.deps.states.clear_gap, *ids)
 
     @app.agent(topics.impacted, name="stam.update")
     async def update(stream: faust.StreamT[Any]) -> None:

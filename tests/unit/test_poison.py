@@ -22,6 +22,7 @@ from pymilvus.exceptions import ConnectError, MilvusException
 
 from schemas import Coding, RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES, DEAD_LETTER_VALUE_BYTES, MAX_ENTRY_BYTES
+from stam.crypto import KeyStore, Sealer
 from stam.deadletter import bounded_key, bounded_value
 from stam.errors import ConcurrentUpdate, MessageTooLarge, ReasoningError, SourceError, StateRolledBack
 from stam.metrics import PARTITION_STALLED, STAGE_BUGS
@@ -132,7 +133,7 @@ def test_a_real_milvus_refusal_of_a_value_is_the_messages_fault(tmp_path: Path) 
 
 def _event(value: bytes, offset: int) -> Any:
     return SimpleNamespace(value=value, message=SimpleNamespace(topic="stam.entries.v1", partition=0,
-                                                               offset=offset, key=b"p"))
+                                                               offset=offset, key=b"p", value=value))
 
 
 def _entry(entry_id: str) -> bytes:
@@ -145,7 +146,9 @@ class _Runtime:
     def __init__(self) -> None:
         self.letters: list[tuple[int, str, str]] = []
 
-    async def dead_letter(self, event: Any, stage: str, exc: BaseException) -> None:
+    sealer = Sealer(KeyStore(redis.Redis(port=1), bytes(32)))  # plain values only: opened without a key store
+
+    async def dead_letter(self, event: Any, stage: str, exc: BaseException, opened: bytes | None = None) -> None:
         self.letters.append((event.message.offset, stage, type(exc).__name__))
 
 

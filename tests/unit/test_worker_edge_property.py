@@ -9,10 +9,12 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import RecordEntry
+from stam.crypto import KeyStore, Sealer
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.stages import extract_batch
@@ -56,7 +58,9 @@ class _Runtime:
         self.deps = SimpleNamespace(router=Router(CodedReasoner()))
         self.letters: list[int] = []
 
-    async def dead_letter(self, event: Any, stage: str, exc: BaseException) -> None:
+    sealer = Sealer(KeyStore(redis.Redis(port=1), bytes(32)))  # plain values only: opened without a key store
+
+    async def dead_letter(self, event: Any, stage: str, exc: BaseException, opened: bytes | None = None) -> None:
         assert stage == "extract" and str(exc)
         self.letters.append(event.message.offset)
 
@@ -65,7 +69,7 @@ class _Runtime:
 @given(messages)
 def test_every_message_is_handed_on_or_dead_lettered_in_order(values: list[bytes]) -> None:
     events = [SimpleNamespace(value=v, message=SimpleNamespace(topic="stam.entries.v1", partition=0, offset=i,
-                                                               key=b"p1"))
+                                                               key=b"p1", value=v))
               for i, v in enumerate(values)]
     runtime = _Runtime()
     handed: list[int] = []
