@@ -328,9 +328,11 @@ async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> None:
 async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
+    from stam.crypto import sealer_for
     from topology import topics as t
     from topology.admin import bootstrap, read_to_end
 
+    sealer = sealer_for(settings)
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
@@ -339,7 +341,7 @@ async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
         tps = [TopicPartition(topic, p) for p in range(settings.partitions)]
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
-        return [json.loads(r.value) async for r in read_to_end(consumer, tps)]
+        return [json.loads(sealer.open(r.value)) async for r in read_to_end(consumer, tps)]
     finally:
         await consumer.stop()
 

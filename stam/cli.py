@@ -522,12 +522,15 @@ def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
 async def _consume_transitions(settings: Settings, *, until_entries: set[str] | None, timeout: float,
                                show: bool, show_added: bool = False,
                                show_entries: set[str] | None = None) -> dict[str, int]:
-    """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries')."""
+    """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries').
+    Sealed values are opened; those of erased patients are skipped."""
     from aiokafka import AIOKafkaConsumer
 
+    from stam.crypto import Erased, SealBroken, sealer_for
     from topology import topics as t
     from topology.admin import bootstrap
 
+    sealer = sealer_for(settings)
     consumer = AIOKafkaConsumer(
         t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
         bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest", enable_auto_commit=False,
@@ -542,7 +545,12 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
             batch = await consumer.getmany(timeout_ms=500)
             for tp, records in batch.items():
                 for rec in records:
-                    data = json.loads(rec.value)
+                    try:
+                        data = json.loads(sealer.open(rec.value))
+                    except Erased:
+                        continue
+                    except SealBroken:
+                        data = {"stage": "?", "error_type": "SealBroken", "error": "a sealed value that does not open"}
                     if tp.topic.endswith("deadletter.v1"):
                         counts["dead_letters"] += 1
                         if show:

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from schemas import DeadLetter, ExtractedEntry, ImpactedEntry, LinkedEntry, RecordEntry
 from schemas.query import RecordGap
 from stam.config import Settings
+from stam.crypto import Erased, SealBroken, Sealer, sealer_for
 from stam.stores.redis_state import RedisStateStore
 from topology import topics as t
 
@@ -154,8 +155,10 @@ class Listed:
                 "failed_at": d.failed_at.isoformat() if d else None, "handled": self.handled or None}
 
 
-async def read_letters(settings: Settings, *, timeout_s: float = 10.0) -> list[Listed]:
-    """Every record of the dead-letter topic, from offset 0 of every partition to its end now."""
+async def read_letters(settings: Settings, *, timeout_s: float = 10.0, sealer: Sealer | None = None) -> list[Listed]:
+    """Every record of the dead-letter topic, from offset 0 of every partition to its end now. Sealed letters
+    are opened (``sealer``: the deployment's, by default); those of erased patients are left out."""
+    sealer = sealer or sealer_for(settings)
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology.admin import bootstrap, read_to_end
@@ -180,7 +183,13 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0) -> list[L
         await consumer.seek_to_beginning(*tps)
         out: list[Listed] = []
         async for r in read_to_end(consumer, tps):
-            out.append(_listed(r.partition, r.offset, r.value or b""))
+            try:
+                raw = sealer.open(r.value or b"")
+            except Erased:
+                continue
+            except SealBroken:
+                raw = r.value or b""
+            out.append(_listed(r.partition, r.offset, raw))
         return sorted(out, key=lambda x: tuple(int(n) for n in x.id.split(":")))
     finally:
         await consumer.stop()
@@ -271,8 +280,9 @@ def _who(by: str | None) -> str:
 @dataclass(frozen=True)
 class Replay:
     topic: str
-    key: bytes
+    patient_id: str
     value: bytes
+    """The plaintext payload (sealed for the patient when published)."""
     entry_id: str | None
     corrected: bool
 
@@ -311,8 +321,8 @@ def plan_replay(item: Listed, settings: Settings, value: bytes | None = None) ->
     if value is not None and item.entry_id is not None and entry.entry_id != item.entry_id:
         raise DeadLetterError(f"the corrected payload has entry_id {entry.entry_id!r}, the dead letter's entry is "
                               f"{item.entry_id!r}: keep the entry id (its gap closes when that entry is applied)")
-    key = base64.b64decode(d.key) if d.key is not None and value is None else entry.patient_id.encode()
-    return Replay(topic=d.topic, key=key, value=body, entry_id=entry.entry_id, corrected=value is not None)
+    return Replay(topic=d.topic, patient_id=entry.patient_id, value=body, entry_id=entry.entry_id,
+                  corrected=value is not None)
 
 
 def signed(settings: Settings, plan: Replay, source_system: str | None) -> list[tuple[str, bytes]] | None:
@@ -331,9 +341,12 @@ def signed(settings: Settings, plan: Replay, source_system: str | None) -> list[
         raise DeadLetterError(str(exc)) from None
 
 
-async def publish_replay(settings: Settings, plan: Replay,
-                         headers: list[tuple[str, bytes]] | None = None) -> tuple[int, int]:
-    """Send the replay and wait until the broker has it: (partition, offset)."""
+async def publish_replay(settings: Settings, plan: Replay, headers: list[tuple[str, bytes]] | None = None,
+                         sealer: Sealer | None = None) -> tuple[int, int]:
+    """Send the replay, sealed for its patient and keyed by the patient's pseudonym like every STAM message, and
+    wait until the broker has it: (partition, offset)."""
+    sealer = sealer or sealer_for(settings)
+    key, value = sealer.message_key(plan.patient_id), sealer.seal(plan.patient_id, plan.value)
     from aiokafka import AIOKafkaProducer
 
     from topology.admin import bootstrap
@@ -345,7 +358,7 @@ async def publish_replay(settings: Settings, plan: Replay,
         await producer.stop()
         raise
     try:
-        md = await producer.send_and_wait(plan.topic, key=plan.key, value=plan.value, headers=headers)
+        md = await producer.send_and_wait(plan.topic, key=key, value=value, headers=headers)
         return md.partition, md.offset
     finally:
         await producer.stop()

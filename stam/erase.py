@@ -17,8 +17,10 @@ on ``stam.audit.v1``:
 - **Files under STAM_HOME**: JSON Lines / NDJSON files (calibration sets, eval replays, and the calibration set the
   gate file names even outside STAM_HOME) lose every line that names the patient; ``*.log`` files have the id
   replaced by ``[erased]``.
-- **Topics**: through the per-patient data key (``stam.crypto.KeyStore.shred``, crypto-shredding), when that
-  module is present; otherwise topics are reported as not covered.
+- **Topics**: every value STAM writes for a patient is sealed under the patient's data key (``stam.crypto``);
+  the key is shredded (``KeyStore.shred``, before Redis's files are rewritten, so the key is not left on disk
+  either), which makes every copy on every topic unreadable. Values producers outside STAM wrote in the clear
+  are not covered by this; the scan finds them and the receipt is then not verified.
 - **A marker**: a keyed digest of the id in the set ``<prefix>:erased`` (never the id), so ``stam rebuild`` refuses
   to bring the patient back from the transition log.
 
@@ -31,9 +33,9 @@ timeline it holds when that count moves: a patient erased and re-created up to t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
-import importlib
 import json
 import logging
 import os
@@ -57,48 +59,41 @@ STATE_PARTS = ("ver", "graph", "mem", "tl", "src")
 REDACTED = b"[erased]"
 TEXT_SUFFIXES = (".jsonl", ".ndjson")
 LOG_SUFFIXES = (".log",)
-NOT_AVAILABLE = "not covered (crypto-shredding not available)"
 
 
-# --- the per-patient data keys (crypto-shredding), when present --------------------------------------
+# --- the per-patient data keys (crypto-shredding) ---------------------------------------------------
 
 class Crypto:
-    """An adapter to ``stam.crypto`` (per-patient data keys, sealed topic payloads) and ``stam.erasure_scan``,
-    imported lazily: where they are not installed, every call says so instead of failing."""
+    """The deployment's key store (``stam.crypto``): shreds a patient's data key, tells whether it was shredded,
+    and scans the topics with it (raw bytes, and every envelope that still opens). A key store that cannot start
+    (no master key file) is reported as not covering the topics, never raised."""
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
-        self.keystore: Any = None
-        self.reason = NOT_AVAILABLE
+        from stam import crypto
+
+        self.keystore: crypto.KeyStore | None = None
+        self.reason = ""
         try:
-            mod = importlib.import_module("stam.crypto")
-        except ImportError:
-            return
-        try:
-            self.keystore = mod.KeyStore(client, mod.load_master_key(settings), prefix=settings.collection_prefix)
-        except Exception as exc:  # noqa: BLE001 - a key store that cannot start is reported, not raised
-            self.reason = f"not covered (crypto-shredding unavailable: {type(exc).__name__})"
-            self.keystore = None
-        else:
-            self.reason = ""
+            self.keystore = crypto.KeyStore(client, crypto.load_master_key(settings), prefix=settings.collection_prefix)
+        except crypto.KeyConfigError as exc:
+            self.reason = f"not covered (crypto-shredding unavailable: {exc})"
 
     @property
     def available(self) -> bool:
         return self.keystore is not None
 
     def shred(self, patient_id: str) -> bool | None:
-        return bool(self.keystore.shred(patient_id)) if self.available else None
+        return self.keystore.shred(patient_id) if self.keystore is not None else None
 
     def erased(self, patient_id: str) -> bool:
-        return bool(self.keystore.erased(patient_id)) if self.available else False
+        return self.keystore.erased(patient_id) if self.keystore is not None else False
 
     def scan_topics(self, settings: Settings, needles: list[bytes]) -> list[dict[str, Any]] | None:
-        if not self.available:
+        if self.keystore is None:
             return None
-        try:
-            mod = importlib.import_module("stam.erasure_scan")
-        except ImportError:
-            return None
-        return list(mod.scan_topics(settings, self.keystore, needles))
+        from stam.crypto import Sealer
+
+        return asyncio.run(_raw_topic_scan(settings, needles, Sealer(self.keystore)))
 
 
 # --- the erasure register --------------------------------------------------------------------------
@@ -442,9 +437,36 @@ def _milvus_dir(settings: Settings) -> Path | None:
     return None
 
 
-async def _raw_topic_scan(settings: Settings, needles: list[bytes]) -> list[dict[str, Any]]:
+def _contents(value: bytes, sealer: Any, depth: int = 0) -> list[tuple[str, bytes]]:
+    """What a reader with the key store could read of ``value``: the raw bytes; the plaintext of an envelope that
+    still opens; and, inside a dead letter, its base64 ``value`` (itself perhaps an envelope)."""
+    out = [("raw" if depth == 0 else "inner", value)]
+    if sealer is None or depth > 2:
+        return out
+    from stam.crypto import Erased, SealBroken
+
+    try:
+        plain = sealer.open(value)
+    except (Erased, SealBroken):
+        return out
+    if plain is not value:
+        out.append(("opened", plain))
+    try:
+        inner = json.loads(plain).get("value") if plain[:1] == b"{" else None
+    except (ValueError, AttributeError, RecursionError):
+        inner = None
+    if isinstance(inner, str):
+        import base64
+        import binascii
+
+        with contextlib.suppress(ValueError, binascii.Error):
+            out += _contents(base64.b64decode(inner, validate=True), sealer, depth + 1)
+    return out
+
+
+async def _raw_topic_scan(settings: Settings, needles: list[bytes], sealer: Any = None) -> list[dict[str, Any]]:
     """Every record of every STAM topic from offset 0 to the end at the start of the scan: key, value and header
-    bytes."""
+    bytes, and with ``sealer`` what every envelope that still opens holds (an erased patient's do not)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology import topics as t
@@ -468,11 +490,13 @@ async def _raw_topic_scan(settings: Settings, needles: list[bytes]) -> list[dict
 
         async def scan_all() -> None:
             async for r in read_to_end(consumer, tps):
-                parts = [r.key or b"", r.value or b""] + [v or b"" for _, v in (r.headers or ())]
+                parts = [("raw", r.key or b"")] + _contents(r.value or b"", sealer) + [
+                    ("raw", v or b"") for _, v in (r.headers or ())]
                 for i, needle in enumerate(needles):
-                    if any(needle in p for p in parts):
+                    how = next((kind for kind, p in parts if needle in p), None)
+                    if how is not None:
                         found.append({"topic": r.topic, "partition": r.partition, "offset": r.offset,
-                                      "needle": i, "where": "raw"})
+                                      "needle": i, "where": how})
 
         try:
             await asyncio.wait_for(scan_all(), timeout=300)
@@ -561,14 +585,14 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
         residuals[place] = len(found)
         where[place] = found[:20]
 
-    # Topics: through the sealing module when present (it opens envelopes), else the raw bytes
+    # Topics: the raw bytes, and every envelope that opens with the key store (as any reader of the topic could)
     crypto = Crypto(settings, client)
     try:
         topic_hits = crypto.scan_topics(settings, flat)
-        how = "scan_topics (raw bytes and opened envelopes)"
+        how = "raw bytes and every envelope that opens"
         if topic_hits is None:
             topic_hits = asyncio.run(_raw_topic_scan(settings, flat))
-            how = "raw bytes (crypto-shredding not available)"
+            how = f"raw bytes only ({crypto.reason})"
         residuals["topics"] = len({(h.get("topic"), h.get("partition"), h.get("offset")) for h in topic_hits})
         per_topic: dict[str, int] = {}
         for h in topic_hits:
@@ -850,12 +874,14 @@ def erase(settings: Settings, patient_id: str, *, request_id: str | None = None,
     step("redis", _erase_redis, client, prefix, patient_id, report)
     step("milvus", _erase_milvus, settings, patient_id, client, report)
     step("files", _erase_files, settings, patient_id, report)
-    step("redis_files", _rewrite_redis_files, client, report)
+    # The data key goes before Redis's files are rewritten, so no copy of it is left on disk.
     crypto = Crypto(settings, client)
     shredded = crypto.shred(patient_id)
     report.removed["data_key_shredded"] = int(bool(shredded))
     report.steps["topics"] = ("data key shredded: every sealed copy on every topic is unreadable" if shredded
-                              else "data key already shredded" if shredded is not None else crypto.reason)
+                              else "no live data key (already shredded, or nothing sealed for the patient)"
+                              if shredded is not None else crypto.reason)
+    step("redis_files", _rewrite_redis_files, client, report)
     t0 = time.perf_counter()
     found = scan(settings, patient_id, chosen, client=client)
     report.seconds["scan"] = round(time.perf_counter() - t0, 3)

@@ -1,12 +1,14 @@
-"""Publishing record entries to the entries topic, keyed by patient id (keeps each patient in order)."""
+"""Publishing record entries to the entries topic, sealed for their patient and keyed by the patient's pseudonym
+(``stam.crypto``: the same key keeps each patient in order, and erasing the patient's data key erases every copy)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ from pydantic import ValidationError
 from schemas import DeadLetter, RecordEntry
 from schemas.limits import MAX_ENTRY_BYTES
 from stam.config import Settings
+from stam.crypto import Sealer, sealer_for
 from stam.deadletter import bounded_value
+from stam.deadletters import subject
 from stam.errors import InputRefused, MessageTooLarge, SourceError
 from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
@@ -46,11 +50,13 @@ class PublishSummary:
 
 
 class Publisher:
-    """Sends entries keyed by patient id; with ``source_system``, each is signed with that configured source's
-    secret (headers ``stam-source``, ``stam-signature``: stam/integrity.py)."""
+    """Sends entries sealed for their patient and keyed by its pseudonym (``stam.crypto``); with
+    ``source_system``, each is signed with that configured source's secret (headers ``stam-source``,
+    ``stam-signature`` over the plaintext entry: stam/integrity.py)."""
 
-    def __init__(self, settings: Settings, source_system: str | None = None) -> None:
+    def __init__(self, settings: Settings, source_system: str | None = None, sealer: Sealer | None = None) -> None:
         self.settings = settings
+        self._sealer = sealer
         self.source_system = source_system
         self._keys = source_keys(settings) if source_system else None
         if self._keys is not None and source_system is not None:
@@ -70,12 +76,19 @@ class Publisher:
     async def __aexit__(self, *exc: object) -> None:
         await self._producer.stop()
 
+    @property
+    def sealer(self) -> Sealer:
+        """The deployment's key store, opened when the first entry goes out (not for a run that sends nothing)."""
+        if self._sealer is None:
+            self._sealer = sealer_for(self.settings)
+        return self._sealer
+
     async def send_entries(self, entries: Iterable[RecordEntry], summary: PublishSummary, *,
                            rate: float | None = None, progress: Callable[[int], None] | None = None) -> None:
         topic = t.ENTRIES.name(self.settings.topic_prefix)
         start = time.monotonic()
         futures = []
-        for entry in entries:
+        for entry in self._keyed(entries):
             if rate:
                 wait = start + summary.sent / rate - time.monotonic()
                 if wait > 0:
@@ -96,14 +109,24 @@ class Publisher:
                 continue
             headers = (self._keys.sign_headers(self.source_system, value)
                        if self._keys is not None and self.source_system else None)
-            futures.append(await self._producer.send(topic, key=entry.patient_id.encode(), value=value,
-                                                     headers=headers))
+            futures.append(await self._producer.send(topic, key=self.sealer.message_key(entry.patient_id),
+                                                     value=self.sealer.seal(entry.patient_id, value), headers=headers))
             summary.sent += 1
             summary.source(entry.source)["sent"] += 1
             summary.patients.add(entry.patient_id)
             if progress:
                 progress(summary.sent)
         await asyncio.gather(*futures)
+
+    def _keyed(self, entries: Iterable[RecordEntry], chunk: int = 512) -> Iterator[RecordEntry]:
+        """The entries, in order, with every patient's data key made and durable before its first entry is sealed:
+        keys are made for a chunk's new patients at once, then one wait for Redis's fsync (``KeyStore.durable``)."""
+        it = iter(entries)
+        while batch := list(islice(it, chunk)):
+            for pid in dict.fromkeys(e.patient_id for e in batch):
+                self.sealer.keys.key_for_sealing(pid)
+            self.sealer.durable()
+            yield from batch
 
     async def dead_letter(self, raw: bytes, source: str, exc: Exception, summary: PublishSummary, *,
                           where: str | None = None, file: str | None = None, line: int | None = None,
@@ -116,8 +139,12 @@ class Publisher:
                             failed_at=datetime.now(UTC), source_file=file, source_line=line,
                             source_byte_offset=byte_offset,
                             **bounded_value(raw))
-        await self._producer.send_and_wait(t.DEAD_LETTERS.name(self.settings.topic_prefix),
-                                           value=letter.model_dump_json().encode())
+        value, key = letter.model_dump_json().encode(), None
+        patient = subject(letter)[0]
+        if patient is not None:  # an entry of a known patient: sealed for it, like the entry would have been
+            key, value = self.sealer.message_key(patient), self.sealer.seal(patient, value)
+            self.sealer.durable()
+        await self._producer.send_and_wait(t.DEAD_LETTERS.name(self.settings.topic_prefix), key=key, value=value)
         summary.dead_lettered += 1
         summary.source(source)["dead_lettered"] += 1
         DEAD_LETTERS.labels(stage=f"publish:{source}", error_type=type(exc).__name__).inc()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import Any
 
 from schemas import AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
@@ -97,14 +98,17 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
     return replay(patient_id, out)
 
 
-async def read_patient_transitions(settings: Settings, patient_id: str) -> list[TransitionEvent]:
-    """Every transition of one patient, read from its partition of the transitions topic."""
+async def read_patient_transitions(settings: Settings, patient_id: str, sealer: Any = None) -> list[TransitionEvent]:
+    """Every transition of one patient, read from its partition of the transitions topic (keyed by the patient's
+    pseudonym, sealed for it: ``stam.crypto``). An erased patient has none."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.partitioner import DefaultPartitioner
 
+    from stam.crypto import Erased, sealer_for
     from topology import topics as t
     from topology.admin import bootstrap, read_to_end
 
+    sealer = sealer or sealer_for(settings)
     topic = t.TRANSITIONS.name(settings.topic_prefix)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
     await consumer.start()
@@ -113,14 +117,18 @@ async def read_patient_transitions(settings: Settings, patient_id: str) -> list[
         if not parts:
             await consumer.topics()
             parts = sorted(consumer.partitions_for_topic(topic) or [])
-        key = patient_id.encode()
+        key = sealer.message_key(patient_id)
         tp = TopicPartition(topic, DefaultPartitioner()(key, parts, parts))
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         events: list[TransitionEvent] = []
         async for r in read_to_end(consumer, [tp]):
             if r.key == key:
-                events.append(TransitionEvent.model_validate_json(r.value))
+                try:
+                    plain = sealer.open(r.value)  # the key is read once, then cached
+                except Erased:
+                    continue
+                events.append(TransitionEvent.model_validate_json(plain))
         return events
     finally:
         await consumer.stop()

@@ -15,6 +15,18 @@ from tests.conftest import SMALL_PATIENT
 from topology import topics as t
 from topology.admin import bootstrap
 
+_SEALERS: dict[tuple[str, str], Any] = {}
+
+
+def opened(settings: Any, value: bytes) -> bytes:
+    """A topic value as a reader with the deployment's key store reads it (``stam.crypto``: envelopes opened)."""
+    from stam.crypto import sealer_for
+
+    k = (str(settings.home), settings.redis_url)
+    if k not in _SEALERS:
+        _SEALERS[k] = sealer_for(settings)
+    return bytes(_SEALERS[k].open(value))
+
 
 async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
     async with Publisher(settings) as pub:
@@ -41,7 +53,7 @@ async def _collect(settings: Any, want_entries: set[str], timeout: float) -> tup
         while time.monotonic() < deadline:
             for tp, recs in (await consumer.getmany(timeout_ms=500)).items():
                 target = letters if tp.topic.endswith("deadletter.v1") else transitions
-                target.extend(json.loads(r.value) for r in recs)
+                target.extend(json.loads(opened(settings, r.value)) for r in recs)
             if want_entries <= {x["entry_id"] for x in transitions}:
                 break
     finally:
@@ -55,7 +67,7 @@ async def _dead_letters(settings: Any) -> list[dict]:
     await consumer.start()
     try:
         got = await consumer.getmany(timeout_ms=3000)
-        return [json.loads(r.value) for recs in got.values() for r in recs]
+        return [json.loads(opened(settings, r.value)) for recs in got.values() for r in recs]
     finally:
         await consumer.stop()
 

@@ -3,14 +3,12 @@ erased with ``stam erase``; the independent scan finds neither its id nor sample
 (query and the bytes of its data dir), or any file under STAM_HOME; the other two patients' exports are unchanged
 byte for byte; a running query worker answers for the erased patient as for an unknown one; rebuild refuses.
 
-Topics: crypto-shredding (``stam.crypto``) is built on another branch. Until it is here, the topics still hold
-the patient in plaintext, and the test that says they do not is an expected failure (strict: it must start
-passing when shredding lands)."""
+Topics: every value STAM writes for a patient is sealed under its data key (``stam.crypto``); erasure shreds the
+key, and the scan (raw bytes, and every envelope that still opens) finds nothing of the patient on any topic."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import os
 import subprocess
@@ -31,7 +29,6 @@ from tests.integration.test_query_outages import _http
 pytestmark = pytest.mark.integration
 
 OTHER_BUNDLES = ["22bbe238-220e-495c-8abc-0ce3aa28a605.json", "ecc5586f-45d1-4fb2-bb4c-3fce1b7b4456.json"]
-SHREDDING = importlib.util.find_spec("stam.crypto") is not None
 QUESTION = "What is the body height?"
 
 
@@ -159,25 +156,24 @@ def test_scan_finds_nothing_in_redis_milvus_and_files(erased: dict[str, Any]) ->
     assert erased["out"]["scan"]["residuals"] == found["residuals"]
 
 
-def test_topics_hold_the_patient_until_shredding_lands(erased: dict[str, Any]) -> None:
-    """What the topics still hold, said plainly: without crypto-shredding every stage topic and the transitions
-    (kept forever) hold the erased patient in plaintext, and the receipt says so (not verified)."""
-    found = erased["out"]["scan"]
-    if SHREDDING:
-        assert found["residuals"]["topics"] == 0
-        return
-    assert found["residuals"]["topics"] > 0
-    assert any(w.startswith("stam.transitions.v1") for w in found["where"]["topics"])
-    assert erased["out"]["receipt"]["steps"]["topics"] == "not covered (crypto-shredding not available)"
-    assert erased["out"]["receipt"]["verification"]["verified"] is False and erased["rc"] == 1
-
-
-@pytest.mark.xfail(not SHREDDING, strict=True, reason="topics are erased by crypto-shredding (stam.crypto, branch "
-                   "i13-sealing); until then they hold the patient")
 def test_topics_hold_nothing_readable_of_the_patient(erased: dict[str, Any]) -> None:
     found = erased["out"]["scan"]
     assert found["residuals"]["topics"] == 0, found["where"]["topics"]
-    assert found["verified"] and erased["rc"] == 0
+    assert found["residuals"]["broker_files"] == 0, found["where"]["broker_files"]
+    assert "raw bytes and every envelope that opens" in found["where"]["topics"][-1]
+    steps = erased["out"]["receipt"]["steps"]
+    assert steps["topics"].startswith("data key shredded") and erased["out"]["receipt"]["removed"]["data_key_shredded"] == 1
+    assert found["verified"] and erased["rc"] == 0, found
+
+
+def test_the_other_patients_messages_still_open(erased: dict[str, Any]) -> None:
+    """Shredding one patient's key leaves every other patient's messages readable: their transition log is whole."""
+    from stam.recovery import read_log
+
+    logged = asyncio.run(read_log(erased["settings"]))
+    assert erased["target"] not in logged
+    for pid in erased["others"]:
+        assert max(e.state_version for e in logged[pid]) == RedisStateStore(erased["client"]).version(pid)
 
 
 def test_receipt_on_the_audit_topic_without_patient_data(erased: dict[str, Any]) -> None:
@@ -262,7 +258,7 @@ def test_erase_with_the_append_only_file_on(erased: dict[str, Any]) -> None:
 def test_recovery_from_the_log_does_not_bring_erased_patients_back(erased: dict[str, Any]) -> None:
     """After a store loss the worker rebuilds every patient whose state is behind the transition log; an erased
     patient is behind the log by design and must stay erased. Both erased patients' transitions are still on the
-    topic (until crypto-shredding lands); the live patient, made to lose its state, is rebuilt."""
+    topic, sealed under shredded keys (unreadable); the live patient, made to lose its state, is rebuilt."""
     from stam.recovery import read_log, recover
     from workers.runtime import build_deps
 
@@ -270,8 +266,7 @@ def test_recovery_from_the_log_does_not_bring_erased_patients_back(erased: dict[
     gone = [erased["target"], erased["others"][0]]  # the second was erased by the AOF test
     live = erased["others"][1]
     logged = asyncio.run(read_log(s))
-    if not SHREDDING:
-        assert set(gone) <= set(logged)
+    assert not set(gone) & set(logged), "their transitions are sealed under shredded keys"
     version = RedisStateStore(client).version(live)
     deps = build_deps(s)
     try:

@@ -5,8 +5,6 @@ STAM_HOME, the erasure register, and the adapter to crypto-shredding."""
 from __future__ import annotations
 
 import json
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -144,36 +142,20 @@ def test_files_lines_removed_and_logs_redacted(tmp_path: Path) -> None:
     assert report.removed == {"file_lines": 2, "files_rewritten": 2, "files_redacted": 1}
 
 
-def test_crypto_adapter_reports_absence_and_calls_the_key_store_when_present(
-        client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_crypto_adapter_shreds_with_the_deployments_key_store(client: Any, tmp_path: Path) -> None:
+    from stam.crypto import Erased, sealer_for
+
     settings = Settings(home=tmp_path)
-    absent = Crypto(settings, client)
-    assert not absent.available and absent.reason == "not covered (crypto-shredding not available)"
-    assert absent.shred("p") is None and absent.scan_topics(settings, [b"p"]) is None
-
-    calls: list[tuple[str, Any]] = []
-
-    class KeyStore:  # the interface the sealing branch provides (stam/crypto.py)
-        def __init__(self, c: Any, master_key: bytes, *, prefix: str = "stam") -> None:
-            calls.append(("init", (c is client, master_key, prefix)))
-            self.gone: set[str] = set()
-
-        def shred(self, pid: str) -> bool:
-            calls.append(("shred", pid))
-            new = pid not in self.gone
-            self.gone.add(pid)
-            return new
-
-        def erased(self, pid: str) -> bool:
-            return pid in self.gone
-
-    fake = types.ModuleType("stam.crypto")
-    fake.KeyStore = KeyStore  # type: ignore[attr-defined]
-    fake.load_master_key = lambda s: b"k" * 32  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "stam.crypto", fake)
-    present = Crypto(settings, client)
-    assert present.available and present.shred("p") is True and present.shred("p") is False
-    assert present.erased("p") and calls[0] == ("init", (True, b"k" * 32, "stam"))
+    sealer = sealer_for(settings, client)
+    env = sealer.seal("pt-42", b"a fact of pt-42")
+    crypto = Crypto(settings, client)
+    assert crypto.available and not crypto.erased("pt-42")
+    assert crypto.shred("pt-42") is True and crypto.shred("pt-42") is False and crypto.erased("pt-42")
+    with pytest.raises(Erased):
+        sealer_for(settings, client).open(env)
+    # A master key file that is named but missing: reported, not raised.
+    missing = Crypto(Settings(home=tmp_path, data_key_file=tmp_path / "nope.key"), client)
+    assert not missing.available and "does not exist" in missing.reason and missing.shred("pt-42") is None
 
 
 def test_redis_files_are_read_by_a_redis_server_not_only_as_bytes(client: Any, tmp_path: Path) -> None:

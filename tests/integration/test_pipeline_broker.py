@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from schemas import Reason, Store
 from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _dead_letters, _publish
+from tests.integration.broker import _collect, _dead_letters, _publish, opened
 from topology import topics as t
 from topology.admin import bootstrap
 from workers.runtime import redis_client
@@ -192,7 +192,7 @@ def test_query_worker_over_http_and_kafka(stack_settings: Any, worker: Any, quer
             while time.monotonic() < end:
                 for recs in (await consumer.getmany(timeout_ms=500)).values():
                     for r in recs:
-                        a = QueryAnswer.model_validate_json(r.value)
+                        a = QueryAnswer.model_validate_json(opened(stack_settings, r.value))
                         if a.request_id == good.request_id:
                             return a
         finally:

@@ -22,6 +22,7 @@ from schemas import RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES
 from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_BUNDLE, SMALL_PATIENT
+from tests.integration.broker import opened
 from tests.integration.conftest import _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
@@ -89,7 +90,7 @@ async def _read(settings: Any, done: Any, timeout: float) -> tuple[list[dict], l
         while time.monotonic() < deadline:
             for tp, recs in (await consumer.getmany(timeout_ms=500)).items():
                 target = letters if tp.topic.endswith("deadletter.v1") else transitions
-                target.extend(json.loads(r.value) for r in recs)
+                target.extend(json.loads(opened(settings, r.value)) for r in recs)
             if done(transitions, letters):
                 break
     finally:

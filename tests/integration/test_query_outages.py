@@ -31,6 +31,7 @@ from stam.read.tokens import load_tokenizer
 from stam.stages import Deps, process_entry
 from stam.stores.projection import VectorProjection
 from tests.conftest import SMALL_PATIENT
+from tests.integration.broker import opened
 
 pytestmark = pytest.mark.integration
 SLOW_S = 0.3
@@ -251,7 +252,7 @@ async def _kafka_roundtrip(settings: Any, req: QueryRequest) -> QueryAnswer:
         while time.monotonic() < end:
             for recs in (await consumer.getmany(timeout_ms=500)).values():
                 for r in recs:
-                    answer = QueryAnswer.model_validate_json(r.value)
+                    answer = QueryAnswer.model_validate_json(opened(settings, r.value))
                     if answer.request_id == req.request_id:
                         return answer
     finally:

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stam.read.scopes import new_token
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _collect, _publish, opened
 from tests.integration.conftest import _free_port, _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
@@ -184,7 +184,7 @@ def test_queries_on_the_topic_are_answered_within_their_tokens_scope(stack_setti
             while time.monotonic() < end and set(asks) - set(got):
                 for recs in (await consumer.getmany(timeout_ms=500)).values():
                     for r in recs:
-                        a = json.loads(r.value)
+                        a = json.loads(opened(stack_settings, r.value))
                         if a["request_id"] in asks:
                             got[a["request_id"]] = a
         finally:

@@ -13,7 +13,7 @@ import pytest
 
 from stam.publish import publish_paths
 from tests.conftest import DATA
-from tests.integration.broker import _collect, _dead_letters
+from tests.integration.broker import _collect, _dead_letters, opened
 
 pytestmark = pytest.mark.integration
 HL7 = DATA / "hl7v2-samples"
@@ -131,7 +131,7 @@ async def _collect_until_refs(settings: Any, refs: set[str], timeout: float) -> 
         while time.monotonic() < deadline and not refs <= seen:
             for recs in (await consumer.getmany(timeout_ms=500)).values():
                 for r in recs:
-                    x = json.loads(r.value)
+                    x = json.loads(opened(settings, r.value))
                     out.append(x)
                     if x["kind"] == "added" and (x.get("memory") or {}).get("source_ref") in refs:
                         seen.add(x["memory"]["source_ref"])

@@ -118,7 +118,7 @@ def test_replay_refusals() -> None:
     with pytest.raises(DeadLetterError, match="PARTITION:OFFSET"):
         parse_id("3")
     plan = plan_replay(Listed(id="0:4", letter=_letter(good), patient_id="p-1", entry_id="e-1"), s)
-    assert (plan.topic, plan.key, plan.value, plan.corrected) == ("stam.entries.v1", b"p-1", good, False)
+    assert (plan.topic, plan.patient_id, plan.value, plan.corrected) == ("stam.entries.v1", "p-1", good, False)
 
 
 def test_applying_the_entry_closes_its_gap_in_the_commit(deps: Any) -> None:
