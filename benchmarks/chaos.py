@@ -124,11 +124,11 @@ async def _lag(settings: Any) -> int | None:
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import kafka_client_kwargs
 
     names = [spec.name(settings.topic_prefix) for spec in (t.ENTRIES, t.EXTRACTED, t.LINKED, t.IMPACTED)]
     # A consumer of the group that never subscribes: it reads the group's committed offsets, it joins nothing.
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=settings.app_id,
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=settings.app_id,
                                 enable_auto_commit=False)
     try:
         await consumer.start()
@@ -314,9 +314,9 @@ async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> None:
     from aiokafka import AIOKafkaProducer
 
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import kafka_client_kwargs
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all", linger_ms=5)
+    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all", linger_ms=5)
     await producer.start()
     try:
         futures = [await producer.send(t.ENTRIES.name(settings.topic_prefix), key=k, value=v) for k, v in items]
@@ -330,11 +330,11 @@ async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
 
     from stam.crypto import sealer_for
     from topology import topics as t
-    from topology.admin import bootstrap, read_to_end
+    from topology.admin import kafka_client_kwargs, read_to_end
 
     sealer = sealer_for(settings)
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=None, enable_auto_commit=False,
                                 fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
     try:

@@ -528,12 +528,12 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
 
     from stam.crypto import Erased, SealBroken, sealer_for
     from topology import topics as t
-    from topology.admin import bootstrap
+    from topology.admin import kafka_client_kwargs
 
     sealer = sealer_for(settings)
     consumer = AIOKafkaConsumer(
         t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
-        bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest", enable_auto_commit=False,
+        **kafka_client_kwargs(settings), auto_offset_reset="earliest", enable_auto_commit=False,
         group_id=None)
     await consumer.start()
     counts: dict[str, int] = {"transitions": 0, "dead_letters": 0, "entries_done": 0}

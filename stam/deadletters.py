@@ -161,10 +161,10 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0, sealer: S
     sealer = sealer or sealer_for(settings)
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    from topology.admin import bootstrap, read_to_end
+    from topology.admin import kafka_client_kwargs, read_to_end
 
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None,
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None,
                                 request_timeout_ms=int(timeout_s * 1000))
     try:
         await consumer.start()
@@ -349,9 +349,9 @@ async def publish_replay(settings: Settings, plan: Replay, headers: list[tuple[s
     key, value = sealer.message_key(plan.patient_id), sealer.seal(plan.patient_id, plan.value)
     from aiokafka import AIOKafkaProducer
 
-    from topology.admin import bootstrap
+    from topology.admin import kafka_client_kwargs
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all")
+    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
     try:
         await producer.start()
     except BaseException:

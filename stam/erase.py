@@ -173,7 +173,10 @@ def _milvus_client(settings: Settings) -> Any:
     from pymilvus import MilvusClient
 
     uri = settings.resolved_milvus_uri()
-    return MilvusClient(uri=uri, token=settings.milvus_token) if settings.milvus_token else MilvusClient(uri=uri)
+    from stam.transport import milvus_token
+
+    token = milvus_token(settings)
+    return MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
 
 
 def _patient_collections(client: Any) -> list[str]:
@@ -470,9 +473,9 @@ async def _raw_topic_scan(settings: Settings, needles: list[bytes], sealer: Any 
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     from topology import topics as t
-    from topology.admin import bootstrap, read_to_end
+    from topology.admin import kafka_client_kwargs, read_to_end
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest")
     try:
         await consumer.start()
@@ -832,10 +835,10 @@ async def _publish_receipt(settings: Settings, receipt: bytes, key: bytes) -> No
     from aiokafka import AIOKafkaProducer
 
     from topology import topics as t
-    from topology.admin import bootstrap, ensure_topics
+    from topology.admin import kafka_client_kwargs, ensure_topics
 
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all")
+    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
     await producer.start()
     try:
         await producer.send_and_wait(t.AUDIT.name(settings.topic_prefix), key=key, value=receipt)

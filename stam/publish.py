@@ -28,7 +28,7 @@ from stam.sources.fhir_ndjson import BadInput, load_ndjson
 from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
 from stam.sources.mimic import MimicResult, is_mimic_root, iter_mimic
 from topology import topics as t
-from topology.admin import bootstrap, ensure_topics
+from topology.admin import kafka_client_kwargs, ensure_topics
 
 
 @dataclass
@@ -61,7 +61,7 @@ class Publisher:
         self._keys = source_keys(settings) if source_system else None
         if self._keys is not None and source_system is not None:
             self._keys.sign_headers(source_system, b"")  # an unknown source is refused before anything is sent
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), linger_ms=5,
+        self._producer = AIOKafkaProducer(**kafka_client_kwargs(settings), linger_ms=5,
                                           max_batch_size=256 * 1024, acks="all")
 
     async def __aenter__(self) -> Publisher:

@@ -36,7 +36,7 @@ from schemas import TransitionEvent
 from stam.config import Settings
 from stam.metrics import RECOVERED_PATIENTS, RECOVERIES, UNREADABLE
 from topology import topics as t
-from topology.admin import bootstrap, read_to_end
+from topology.admin import kafka_client_kwargs, read_to_end
 
 if TYPE_CHECKING:
     from stam.stages import Deps
@@ -81,7 +81,7 @@ def behind(checkpoint: Checkpoint | None, marks: tuple[str | None, int]) -> bool
 async def _consumer(settings: Settings) -> Any:
     from aiokafka import AIOKafkaConsumer
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None)
     await consumer.start()
     return consumer
 

@@ -10,15 +10,14 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stam.config import Settings
+from stam.transport import bootstrap, kafka_client_kwargs
 from topology import topics as t
 
-
-def bootstrap(settings: Settings) -> str:
-    return ",".join(u.split("://", 1)[-1] for u in settings.broker_url.split(";"))
+__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "read_to_end"]
 
 
 async def ensure_topics(settings: Settings) -> list[str]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(settings))
+    admin = AIOKafkaAdminClient(**kafka_client_kwargs(settings))
     await admin.start()
     try:
         existing = set(await admin.list_topics())

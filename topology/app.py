@@ -8,6 +8,7 @@ import faust
 
 from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.config import Settings
+from stam.transport import faust_broker_kwargs
 from topology import topics as t
 
 
@@ -36,18 +37,23 @@ def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.Topic
 
 
 def create_app(settings: Settings, *, app_id: str | None = None, web_port: int | None = None,
-               web_host: str = "127.0.0.1") -> tuple[faust.App, Topics]:
+               web_host: str | None = None) -> tuple[faust.App, Topics]:
+    """The app and its topics. Its web server (when ``web_port`` > 0) listens on ``web_host`` only: Faust binds to
+    ``web_bind`` (default 0.0.0.0) and merely advertises ``web_host``, so both are set."""
     port = settings.web_port if web_port is None else web_port
+    host = settings.web_host if web_host is None else web_host
     app = faust.App(
         app_id or settings.app_id,
         broker=settings.broker_url,
+        **faust_broker_kwargs(settings),
         store="memory://",
         topic_partitions=settings.partitions,
         topic_replication_factor=settings.replication_factor,
         consumer_auto_offset_reset="earliest",
         web_enabled=port > 0,
         web_port=port or 6066,
-        web_host=web_host,
+        web_host=host,
+        web_bind=host,
         producer_linger_ms=5,
         producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.common)
         broker_commit_every=200,

@@ -25,6 +25,7 @@ from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
 from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import milvus_token, redis_kwargs
 from topology.app import Topics
 
 log = logging.getLogger("stam.workers")
@@ -35,7 +36,7 @@ def redis_client(settings: Settings) -> redis.Redis:
     where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
     snapshot and overwrite it), so with a stack there and no URL this refuses."""
     if settings.redis_url:
-        return redis.Redis.from_url(settings.redis_url)
+        return redis.Redis.from_url(settings.redis_url, **redis_kwargs(settings))
     from stam.stack import stack_file
 
     if stack_file(settings.home).exists():
@@ -81,7 +82,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce
     embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
                                     shared=RedisVectorCache(client, prefix=settings.collection_prefix))
     vectors = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
-                                prefix=settings.collection_prefix, token=settings.milvus_token)
+                                prefix=settings.collection_prefix, token=milvus_token(settings))
     states = RedisStateStore(client, prefix=settings.collection_prefix,
                              cache_size=settings.state_cache_patients)
     projection = (VectorProjection(vectors, max_vectors=settings.projection_max_vectors)

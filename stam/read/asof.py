@@ -106,11 +106,11 @@ async def read_patient_transitions(settings: Settings, patient_id: str, sealer: 
 
     from stam.crypto import Erased, sealer_for
     from topology import topics as t
-    from topology.admin import bootstrap, read_to_end
+    from topology.admin import kafka_client_kwargs, read_to_end
 
     sealer = sealer or sealer_for(settings)
     topic = t.TRANSITIONS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None)
     await consumer.start()
     try:
         parts = sorted(consumer.partitions_for_topic(topic) or [])
