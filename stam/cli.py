@@ -105,11 +105,16 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
+    from workers.ops import PortInUse
     from workers.query import run
 
     settings = load_settings()
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
-    run(settings, loglevel=args.loglevel)
+    try:
+        run(settings, loglevel=args.loglevel)
+    except PortInUse as exc:
+        print(f"stam query-worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -223,11 +228,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.main import run
+    from workers.main import UnknownStage, parse_stages, run
+    from workers.ops import PortInUse
 
+    try:
+        stages = parse_stages(args.stages)
+    except UnknownStage as exc:
+        print(f"stam worker: {exc}", file=sys.stderr)
+        return 2
     settings = load_settings()
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
-    run(settings, loglevel=args.loglevel)
+    try:
+        run(settings, loglevel=args.loglevel, stages=stages)
+    except PortInUse as exc:
+        print(f"stam worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -1034,8 +1049,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=["up", "down", "status"])
     p.set_defaults(fn=cmd_stack)
 
-    p = sub.add_parser("worker", help="run the write-path workers (Faust)")
+    p = sub.add_parser("worker", help="run the write-path workers (Faust)",
+                       description="Runs the write-path stages in one process (all four by default). Probes on "
+                       "STAM_WEB_HOST:STAM_WEB_PORT (GET /healthz, /readyz), metrics on "
+                       "STAM_METRICS_HOST:STAM_METRICS_PORT. A port already taken stops it with one line (exit 2).")
     p.add_argument("--loglevel", default="info")
+    p.add_argument("--stages", default=None, help="comma-separated subset of extract,link,impact,update (default: "
+                   "all); give each stage group its own consumer group with STAM_APP_ID")
     p.set_defaults(fn=cmd_worker)
 
     p = sub.add_parser("publish", help="publish FHIR R4 bundles or NDJSON, HL7 v2 messages or a MIMIC-IV folder "
@@ -1315,7 +1335,16 @@ def main(argv: list[str] | None = None) -> int:
     q.set_defaults(fn=cmd_eval_questions)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    from pydantic import ValidationError
+
+    from stam.logs import configure
+
+    try:
+        configure(Settings(), logging.WARNING)
+    except ValidationError as exc:  # contradictory settings (e.g. SASL without a password): one line per error
+        for err in exc.errors():
+            print(f"stam: settings: {err['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        return 2
     from stam.errors import StackError
 
     try:

@@ -835,7 +835,7 @@ async def _publish_receipt(settings: Settings, receipt: bytes, key: bytes) -> No
     from aiokafka import AIOKafkaProducer
 
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs, ensure_topics
+    from topology.admin import ensure_topics, kafka_client_kwargs
 
     await ensure_topics(settings)
     producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")

@@ -43,3 +43,8 @@ QUERY_SECONDS = Histogram(
 ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by the source-identity rule (an entry "
                           "from another source system, or unsigned, proposed to retract or amend a fact)",
                           ["reason"])
+CONSUMER_LAG = Gauge("stam_consumer_lag", "Messages of a partition held by this process not yet committed by its "
+                     "consumer group: end offset minus committed offset (0 when caught up)",
+                     ["group", "topic", "partition"])
+READY = Gauge("stam_ready", "A dependency of this process answered its last readiness check (1) or not (0)",
+              ["dependency"])

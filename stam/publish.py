@@ -28,7 +28,7 @@ from stam.sources.fhir_ndjson import BadInput, load_ndjson
 from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
 from stam.sources.mimic import MimicResult, is_mimic_root, iter_mimic
 from topology import topics as t
-from topology.admin import kafka_client_kwargs, ensure_topics
+from topology.admin import ensure_topics, kafka_client_kwargs
 
 
 @dataclass

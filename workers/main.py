@@ -1,29 +1,58 @@
-"""Worker entry point: one process running the four write-path agents (scale out by running more)."""
+"""Worker entry point: one process running the write-path agents (scale out by running more).
+
+``stages`` picks a subset (``stam worker --stages extract,link``): each stage reads its own topic and writes the
+next, so a deployment may run each stage group in processes of its own; give each group its own consumer group
+(``STAM_APP_ID``). Impact and update in one process keep the impact projection warm (stam/stores/projection.py);
+apart, the impact process reloads a patient's vectors from Milvus when the state moved (same results, slower).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import faust
-from prometheus_client import start_http_server
 
 from stam.config import Settings
+from stam.logs import faust_logging
 from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
 from topology.app import create_app
 from workers import extract, impact, link, update
 from workers.common import STAGE_THREAD, TRANSIENT
+from workers.ops import Readiness, claim_port, start_metrics
+from workers.ops import install as install_ops
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")
 
+STAGES = {"extract": extract, "link": link, "impact": impact, "update": update}
+"""The write path's stages, in the order entries flow through them."""
 
-def build(settings: Settings) -> tuple[faust.App, Runtime]:
+
+class UnknownStage(ValueError):
+    pass
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+    """``"extract,link"`` -> ``("extract", "link")`` in pipeline order; None or "" or "all": every stage.
+    Unknown names: :class:`UnknownStage` with one line naming them and the known ones."""
+    if text is None or text.strip() in ("", "all"):
+        return tuple(STAGES)
+    asked = [s.strip().lower() for s in text.split(",") if s.strip()]
+    unknown = [s for s in asked if s not in STAGES]
+    if unknown or not asked:
+        raise UnknownStage(f"unknown stage{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                           f"--stages takes a comma-separated subset of {','.join(STAGES)}")
+    return tuple(s for s in STAGES if s in asked)
+
+
+def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[faust.App, Runtime]:
     app, topics = create_app(settings)
     runtime = Runtime(settings=settings, topics=topics)
-    for module in (extract, link, impact, update):
-        module.register(app, runtime)
+    for name in stages:
+        STAGES[name].register(app, runtime)
 
     @app.task
     async def _warm() -> None:
@@ -39,7 +68,7 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             return
         log.info("write-path worker ready (stores and embedding model loaded)")
 
-    if settings.milvus_flush_s > 0:
+    if settings.milvus_flush_s > 0 and "update" in stages:  # the update stage writes Milvus
         @app.timer(interval=settings.milvus_flush_s)
         async def _seal_segments() -> None:
             # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast.
@@ -50,6 +79,9 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                 _background_failed("seal_segments", exc)
 
     install(app, runtime.topics, runtime.durability)
+    install_ops(app, settings, group=settings.app_id, readiness=Readiness(
+        settings, model_url=settings.llm_url,
+        model_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""))
 
     return app, runtime
 
@@ -62,9 +94,11 @@ def _background_failed(task: str, exc: BaseException) -> None:
         log.error("%s failed; the worker goes on", task, exc_info=exc)
 
 
-def run(settings: Settings, loglevel: str = "info") -> None:
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
-    app, _ = build(settings)
-    worker = faust.Worker(app, loglevel=loglevel)
+def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = tuple(STAGES)) -> None:
+    """Run the worker; a port already taken stops it first with :class:`workers.ops.PortInUse` (one line)."""
+    claim_port(settings.web_host, settings.web_port, "STAM_WEB_PORT")
+    start_metrics(settings)
+    app, _ = build(settings, stages)
+    log.info("write-path stages in this process: %s (consumer group %s)", ",".join(stages), settings.app_id)
+    worker = faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel))
     worker.execute_from_commandline()

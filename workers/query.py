@@ -9,7 +9,9 @@
   ``Authorization: Bearer <token>`` returns the QueryAnswer. Tokens carry scopes (stam/read/scopes.py): a
   patient the token may not read gets the very answer (404, same body) a patient that does not exist gets.
   Without a configured token the endpoint answers 503 to everyone; a missing or wrong token gets 401; a body
-  over 256 KiB 413; anything else malformed 400. ``GET /v1/health`` needs no token.
+  over 256 KiB 413; anything else malformed 400. ``GET /healthz`` (alive) and ``GET /readyz`` (the broker, Redis,
+  Milvus and a configured reader answer: 200, else 503; ``workers.ops``) need no token; ``GET /v1/health`` is
+  ``/readyz`` under its old name.
 
 A query that cannot be answered still gets a QueryAnswer (``ok=false``, ``error_kind``): over Kafka it is
 produced like any answer and the stream goes on; over HTTP the kind sets the status (``HTTP_STATUS``), and a
@@ -29,17 +31,19 @@ from typing import Any
 import faust
 import orjson
 from aiohttp.web import HTTPRequestEntityTooLarge
-from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
 from stam.crypto import Erased, SealBroken
+from stam.logs import faust_logging
 from stam.metrics import QUERIES, QUERY_SECONDS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
 from workers.common import raw_value, seal
+from workers.ops import Readiness, claim_port, start_metrics
+from workers.ops import install as install_ops
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.query")
@@ -220,10 +224,17 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             return
         log.info("query worker ready")
 
+    readiness = Readiness(settings, model_url=settings.reader_url,
+                          model_key=settings.reader_api_key.get_secret_value() if settings.reader_api_key else "")
+    install_ops(app, settings, group=settings.query_app_id, readiness=readiness)
+
     @app.page("/v1/health")
     class Health(faust.web.View):
+        """Kept for clients of earlier releases: the readiness of ``/readyz`` (200 or 503) with ``ok``."""
+
         async def get(self, request: faust.web.Request) -> faust.web.Response:
-            return self.json({"ok": True})
+            body = await readiness.status()
+            return self.json({"ok": body["ready"], **body}, status=200 if body["ready"] else 503)
 
     @app.page("/v1/query")
     class Query(faust.web.View):
@@ -245,7 +256,8 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
 
 
 def run(settings: Settings, loglevel: str = "info") -> None:
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="127.0.0.1")
+    """Run the query worker; a port already taken stops it first with :class:`workers.ops.PortInUse`."""
+    claim_port(settings.query_web_host, settings.query_web_port, "STAM_QUERY_WEB_PORT")
+    start_metrics(settings)
     app, _ = build(settings)
-    faust.Worker(app, loglevel=loglevel).execute_from_commandline()
+    faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel)).execute_from_commandline()
