@@ -277,10 +277,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     from stam.errors import InputRefused
     from stam.integrity import SourceConfigError, source_keys
-    from stam.publish import PublishSummary, publish_paths
+    from stam.publish import PublishSummary, publish_paths, report
 
     settings = load_settings()
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
+    logging.getLogger("stam.publish").setLevel(logging.INFO)  # the run's counts, one line at the end (report)
     bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
 
     def progress(n: int) -> None:
@@ -311,15 +312,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
         print(f"stam publish: interrupted after {summary.sent} entries sent ({summary.dead_lettered} "
               "dead-lettered); re-running the same command is safe: entry ids are deterministic and the workers "
               "skip entries already applied", file=sys.stderr)
+        report(settings, summary, "interrupted", log_line=False)  # the line above has the counts
         return 130
     except (KafkaError, OSError) as exc:
         bar.close()
         print(f"stam publish: cannot reach the broker at {settings.broker_url} ({type(exc).__name__}); "
               f"{summary.sent} entries sent. Is the stack up (stam stack status)?", file=sys.stderr)
+        report(settings, summary, "broker_unreachable", log_line=False)
         return 1
     finally:
         bar.close()
     print(json.dumps(summary.as_dict()))
+    report(settings, summary, "ok" if summary.dead_lettered == 0 else "dead_lettered")
     return 0 if summary.dead_lettered == 0 else 2
 
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -29,6 +31,10 @@ from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
 from stam.sources.mimic import MimicResult, is_mimic_root, iter_mimic
 from topology import topics as t
 from topology.admin import ensure_topics, kafka_client_kwargs
+
+log = logging.getLogger("stam.publish")
+
+PUSH_JOB = "stam-publish"
 
 
 @dataclass
@@ -279,3 +285,55 @@ async def _publish_bundles(pub: Publisher, paths: Iterable[Path], summary: Publi
             continue
         _skipped(summary, "fhir-r4", result.skipped)
         await pub.send_entries(result.entries, summary, rate=rate, progress=progress)
+
+
+def report(settings: Settings, summary: PublishSummary, outcome: str, *, log_line: bool = True) -> None:
+    """Make a run's counts visible after the process is gone: one structured log line at INFO (``extra`` fields
+    in JSON logs, ``key=value`` in text), and with ``STAM_PUSHGATEWAY_URL`` the ``stam_publisher_*`` metrics
+    pushed to a Prometheus Pushgateway (job ``stam-publish``, grouped by host; each run replaces the last).
+    ``outcome``: ``ok``, ``dead_lettered``, ``interrupted`` or ``broker_unreachable``; ``log_line=False`` where the
+    command's own one-line error already carries the counts. No patient identifier anywhere: patients are
+    counted, not named."""
+    counts = {"sent": summary.sent, "skipped": summary.skipped, "dead_lettered": summary.dead_lettered,
+              "patients": len(summary.patients), "seconds": round(summary.seconds, 3)}
+    if log_line:
+        log.info("publish finished: outcome=%s %s", outcome, " ".join(f"{k}={v}" for k, v in counts.items()),
+                 extra={"event": "publish_finished", "outcome": outcome, **counts,
+                        "sources": {name: {k: v for k, v in src.items() if k in ("sent", "skipped", "dead_lettered")}
+                                    for name, src in summary.sources.items()}})
+    if settings.pushgateway_url:
+        try:
+            push_counts(settings.pushgateway_url, summary, outcome)
+        except Exception as exc:  # noqa: BLE001 - the run itself is done; say why the push failed, in one line
+            log.warning("publish counts not pushed to %s (%s: %s)", settings.pushgateway_url, type(exc).__name__,
+                        " ".join(str(exc).split())[:200])
+
+
+def publisher_registry(summary: PublishSummary, outcome: str) -> Any:
+    """The ``stam_publisher_*`` metrics of one run, in a registry of their own (what is pushed)."""
+    from prometheus_client import CollectorRegistry, Counter, Gauge
+
+    reg = CollectorRegistry()
+    entries = Counter("stam_publisher_entries", "Entries of the last `stam publish` run, by source format and "
+                      "outcome (sent, skipped, dead_lettered)", ["source", "outcome"], registry=reg)
+    for name, src in summary.sources.items():
+        for what in ("sent", "skipped", "dead_lettered"):
+            entries.labels(source=name, outcome=what).inc(int(src.get(what, 0)))
+    if not summary.sources:
+        for what in ("sent", "skipped", "dead_lettered"):
+            entries.labels(source="none", outcome=what).inc(0)
+    Gauge("stam_publisher_patients", "Patients of the last `stam publish` run", registry=reg).set(
+        len(summary.patients))
+    Gauge("stam_publisher_seconds", "Duration of the last `stam publish` run", registry=reg).set(summary.seconds)
+    Gauge("stam_publisher_last_run_timestamp_seconds", "When the last `stam publish` run ended",
+          registry=reg).set_to_current_time()
+    Gauge("stam_publisher_last_run_ok", "1 when the last `stam publish` run sent everything, else 0 (outcome "
+          "label)", ["outcome"], registry=reg).labels(outcome=outcome).set(1 if outcome == "ok" else 0)
+    return reg
+
+
+def push_counts(url: str, summary: PublishSummary, outcome: str, *, timeout: float = 5.0) -> None:
+    from prometheus_client import push_to_gateway
+
+    push_to_gateway(url, job=PUSH_JOB, registry=publisher_registry(summary, outcome),
+                    grouping_key={"instance": socket.gethostname()}, timeout=timeout)
