@@ -40,6 +40,9 @@ QUERIES = Counter("stam_queries_total", "Queries answered, by channel, outcome (
 QUERY_SECONDS = Histogram(
     "stam_query_seconds", "Query latency (retrieval, gate, packet; reader included when configured)",
     ["channel"], buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
+SERVED_TOKENS = Counter("stam_query_served_tokens_total", "Tokens of the evidence packets served (the reader's "
+                        "tokenizer when configured), by channel and what was served (active, both)",
+                        ["channel", "served"])
 ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by the source-identity rule (an entry "
                           "from another source system, or unsigned, proposed to retract or amend a fact)",
                           ["reason"])

@@ -203,6 +203,13 @@ class Readiness:
     def close(self) -> None:
         self._milvus_pool.shutdown(wait=False, cancel_futures=True)
 
+    async def aclose(self) -> None:
+        client, self._redis_client = self._redis_client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+        self.close()
+
 
 # --- consumer lag ----------------------------------------------------------------------------------------
 
@@ -300,6 +307,12 @@ def install(app: Any, settings: Settings, *, group: str, readiness: Readiness) -
             BACKGROUND_FAILURES.labels(task="readiness", error_type=type(exc).__name__).inc()
 
     monitor = LagMonitor(app, settings, group)
+
+    async def _close(sender: Any, **kwargs: Any) -> None:
+        await monitor.close()
+        await readiness.aclose()
+
+    app.on_before_shutdown.connect(_close)
     if settings.lag_interval_s > 0:
         @app.timer(interval=settings.lag_interval_s)
         async def _lag() -> None:

@@ -37,7 +37,7 @@ from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
 from stam.crypto import Erased, SealBroken
 from stam.logs import faust_logging
-from stam.metrics import QUERIES, QUERY_SECONDS
+from stam.metrics import QUERIES, QUERY_SECONDS, SERVED_TOKENS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
@@ -93,6 +93,8 @@ def observe(answer: QueryAnswer, channel: str) -> None:
     outcome = "ok" if answer.ok else (answer.error_kind or "internal")
     QUERIES.labels(channel=channel, outcome=outcome, served=served).inc()
     QUERY_SECONDS.labels(channel=channel).observe(answer.latency_ms / 1000)
+    if answer.ok and answer.packet is not None:
+        SERVED_TOKENS.labels(channel=channel, served=served).inc(answer.packet.tokens)
 
 
 def http_status(answer: QueryAnswer) -> tuple[int, dict[str, str]]:
