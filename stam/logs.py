@@ -67,7 +67,7 @@ def faust_logging(settings: Settings, loglevel: str = "info") -> dict[str, Any]:
     JSON replaces its handler and turns off its start-up banner, so stdout and stderr carry JSON lines only."""
     if settings.log_format != "json":
         return {}
-    return {"loghandlers": [], "logging_config": {
+    return {"logging_config": {
         "version": 1, "disable_existing_loggers": False,
         "formatters": {"json": {"()": JsonFormatter}},
         "handlers": {"default": {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}},

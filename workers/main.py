@@ -66,7 +66,8 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
         except Exception as exc:  # noqa: BLE001 - a store outage at start: the stages wait it out themselves
             _background_failed("warm_up", exc)
             return
-        log.info("write-path worker ready (stores and embedding model loaded)")
+        log.info("write-path worker ready (stores and embedding model loaded; stages %s, consumer group %s)",
+                 ",".join(stages), settings.app_id)
 
     if settings.milvus_flush_s > 0 and "update" in stages:  # the update stage writes Milvus
         @app.timer(interval=settings.milvus_flush_s)
@@ -99,6 +100,5 @@ def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = tupl
     claim_port(settings.web_host, settings.web_port, "STAM_WEB_PORT")
     start_metrics(settings)
     app, _ = build(settings, stages)
-    log.info("write-path stages in this process: %s (consumer group %s)", ",".join(stages), settings.app_id)
     worker = faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel))
     worker.execute_from_commandline()

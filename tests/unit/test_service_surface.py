@@ -321,3 +321,22 @@ async def test_readiness_names_each_unreachable_dependency_and_is_cached() -> No
         assert await r.status() is body  # cached
     finally:
         r.close()
+
+
+def test_a_worker_with_json_logs_writes_json_lines_only(tmp_path: Path) -> None:
+    """Faust's own logging (and its banner) in JSON too: every line of a worker that cannot reach its broker."""
+    full = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", STAM_BROKER_URL="kafka://127.0.0.1:1",
+                STAM_REDIS_URL="redis://127.0.0.1:1/0", STAM_MILVUS_URI="http://127.0.0.1:1", STAM_WEB_PORT="0",
+                STAM_HOME=str(tmp_path), STAM_LOG_FORMAT="json")
+    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker"], cwd=REPO, env=full, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=30)
+    lines = [x for x in (out + err).splitlines() if x.strip()]
+    assert lines, "the worker logged nothing"
+    records = [json.loads(x) for x in lines]  # every line is one JSON object
+    assert any(r["logger"].startswith("faust") for r in records)
+    assert all({"ts", "level", "logger", "message"} <= set(r) for r in records)
