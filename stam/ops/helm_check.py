@@ -201,7 +201,7 @@ def check_case(name: str, values_file: Path | None) -> CaseResult:
     try:
         objects = render(values)
     except Exception as exc:  # noqa: BLE001 - a render error is the finding
-        result.failures.append(f"render: {type(exc).__name__}: {str(exc).strip()}")
+        result.failures.append(f"render: {type(exc).__name__}: {' '.join(str(exc).split())}")
         return result
     result.objects = dict(Counter(o.get("kind", "?") for o in objects))
     result.failures.extend(f"lint: {line}" for line in lint(values))
