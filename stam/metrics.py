@@ -43,3 +43,12 @@ QUERY_SECONDS = Histogram(
 ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by the source-identity rule (an entry "
                           "from another source system, or unsigned, proposed to retract or amend a fact)",
                           ["reason"])
+# Declared for the dashboard (stam/ops/dashboard.py); observed where the query packet is served and where a
+# language-model call returns.
+QUERY_SERVED_TOKENS = Histogram(
+    "stam_query_served_tokens", "Tokens of the evidence packet served per query, by channel and what was served "
+    "(active, both)", ["channel", "served"],
+    buckets=(50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000))
+LLM_SECONDS = Histogram(
+    "stam_llm_seconds", "Duration of successful language-model calls (retries included)",
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0))
