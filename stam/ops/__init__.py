@@ -1,0 +1,1 @@
+"""Operations: deployment checks and the Grafana dashboard as code."""
