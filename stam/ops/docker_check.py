@@ -18,6 +18,7 @@ Prints one JSON summary on stdout; on failure also one line per failure on stder
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import re
@@ -198,7 +199,8 @@ def _settings_fields() -> set[str]:
 
 def _direct_env_names(root: Path) -> set[str]:
     """STAM_* variables the code reads from the environment itself (not through Settings), e.g. STAM_MODEL_CACHE."""
-    pat = re.compile(r"(?:environ\.get|getenv|environ\.setdefault)\(\s*\"(STAM_[A-Z0-9_]+)\"|environ\[\s*\"(STAM_[A-Z0-9_]+)\"\]")
+    pat = re.compile(r"(?:environ\.get|getenv|environ\.setdefault)\(\s*\"(STAM_[A-Z0-9_]+)\""
+                     r"|environ\[\s*\"(STAM_[A-Z0-9_]+)\"\]")
     names: set[str] = set()
     for d in ("stam", "workers", "topology"):
         for f in (root / d).rglob("*.py"):
@@ -341,7 +343,7 @@ def check_monitoring(rep: Report, compose: dict[str, Any] | None) -> None:
         if p not in mounts:
             rep.fail("docker/grafana/provisioning/dashboards", f"provider path {p} is not where compose mounts "
                      "./grafana/dashboards")
-    ds_uids = set()
+    ds_uids: set[str | None] = set()
     for f in sorted((docker / "grafana" / "provisioning" / "datasources").glob("*.y*ml")):
         ds_uids.update(d.get("uid") for d in (yaml.safe_load(f.read_text()) or {}).get("datasources", []))
     dash = docker / "grafana" / "dashboards" / "stam.json"
@@ -384,10 +386,8 @@ def _closure(roots: list[str]) -> dict[str, int]:
             continue
         size = 0
         for f in dist.files or []:
-            try:
+            with contextlib.suppress(OSError):
                 size += Path(str(dist.locate_file(f))).stat().st_size
-            except OSError:
-                pass
         seen[name] = size
         for raw in dist.requires or []:
             sub = Requirement(raw)
