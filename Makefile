@@ -1,5 +1,6 @@
 # make demo : set up the virtual environment and stream one real Synthea patient through the embedded stack
 # make test : set up and run the test suite
+# make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 PY ?= python3
 VENV ?= .venv
@@ -93,11 +94,13 @@ deploy-check-helm: deploy-setup
 	$(BIN)/python -m stam.ops.helm_check
 	$(BIN)/python -m stam.ops.dashboard --check
 
-# Placeholder: the Dockerfile and compose checks (hadolint, compose specification) replace it.
-deploy-check-docker:
-	@true
-
 deploy-check: deploy-check-helm deploy-check-docker
 
 clean:
 	rm -rf .stam
+
+# docker/ without a container engine: hadolint on every Dockerfile, docker/compose.yaml against the compose-spec
+# schema, pinned images, STAM_* variables vs Settings, promtool on the Prometheus files, the Python environments'
+# sizes. JSON summary on stdout; one line per failure on stderr.
+deploy-check-docker: deploy-setup
+	$(BIN)/python -m stam.ops.docker_check --sizes
