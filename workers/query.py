@@ -26,10 +26,11 @@ import time
 import uuid
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
+import redis
 from aiohttp.web import HTTPRequestEntityTooLarge
 from pydantic import ValidationError
 
@@ -37,11 +38,11 @@ from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
 from stam.crypto import Erased, SealBroken
 from stam.logs import faust_logging
-from stam.metrics import QUERIES, QUERY_SECONDS, SERVED_TOKENS
+from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
 from topology.app import create_app
-from workers.common import raw_value, seal
+from workers.common import STAGE_THREAD, raw_value, seal
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
@@ -94,7 +95,7 @@ def observe(answer: QueryAnswer, channel: str) -> None:
     QUERIES.labels(channel=channel, outcome=outcome, served=served).inc()
     QUERY_SECONDS.labels(channel=channel).observe(answer.latency_ms / 1000)
     if answer.ok and answer.packet is not None:
-        SERVED_TOKENS.labels(channel=channel, served=served).inc(answer.packet.tokens)
+        QUERY_SERVED_TOKENS.labels(channel=channel, served=served).observe(answer.packet.tokens)
 
 
 def http_status(answer: QueryAnswer) -> tuple[int, dict[str, str]]:
@@ -213,8 +214,23 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             observe(answer, "kafka")
             # Sealed for the patient, keyed by its pseudonym: open with stam.crypto.Sealer (the answers name the
             # patient and carry its evidence; they must be as erasable as the rest).
-            key, value = await runtime.off_loop("seal answer", partial(seal, sealer, req.patient_id, answer))
+            key, value = await sealed_answer(req, answer)
             await topics.answers.send(key=key, value=value)
+
+    async def sealed_answer(req: QueryRequest, answer: QueryAnswer) -> tuple[bytes, bytes]:
+        """(key, value) of an answer on the answers topic. An answer with evidence waits for the key store
+        (retried while Redis is down, never sent in the clear). A failure answer (no evidence) while the key
+        store is unreachable is sent unsealed with the patient's pseudonym in place of its id: the client still
+        learns 'unavailable' by its request id, and no patient datum leaves in the clear."""
+        work = partial(seal, runtime.sealer, req.patient_id, answer)
+        if answer.ok:
+            return cast(tuple[bytes, bytes], await runtime.off_loop("seal answer", work))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, work)
+        except (redis.ConnectionError, redis.TimeoutError):
+            key = runtime.sealer.message_key(req.patient_id)
+            bare = answer.model_copy(update={"patient_id": key.decode(), "packet": None, "answer": None})
+            return key, bare.model_dump_json().encode()
 
     @app.task
     async def _warm() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from stam.errors import MessageFault
+from stam.metrics import LLM_SECONDS
 
 LLM_CALLS = Counter("stam_llm_calls_total", "Language-model calls by outcome", ["outcome"])
 LLM_TOKENS = Counter("stam_llm_tokens_total", "Language-model tokens by kind (prompt, completion)", ["kind"])
@@ -102,6 +103,7 @@ class LLMClient:
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         last: Exception | None = None
+        first_try = time.perf_counter()
         for attempt in range(1, self.retries + 2):
             started = time.perf_counter()
             try:
@@ -113,6 +115,7 @@ class LLMClient:
                 result = self._parse(data, time.perf_counter() - started, attempt)
                 self.usage.add(result)
                 LLM_CALLS.labels(outcome="ok").inc()
+                LLM_SECONDS.observe(time.perf_counter() - first_try)  # retries included
                 LLM_TOKENS.labels(kind="prompt").inc(result.prompt_tokens)
                 LLM_TOKENS.labels(kind="completion").inc(result.completion_tokens)
                 return result

@@ -49,8 +49,8 @@ CORE: list[tuple[str, str]] = [
     ("query p99", 'histogram_quantile(0.99, sum by (le, channel) (rate(stam_query_seconds_bucket[1m])))'),
     ("HISTORY served rate", 'sum(rate(stam_queries_total{served="both"}[1m])) / clamp_min(sum(rate('
                             'stam_queries_total{outcome="ok"}[1m])), 1e-9)'),
-    ("served tokens per query", 'sum(rate(stam_query_served_tokens_total[1m])) / clamp_min(sum(rate('
-                                'stam_queries_total{outcome="ok"}[1m])), 1e-9)'),
+    ("served tokens per query", 'sum(rate(stam_query_served_tokens_sum[1m])) / clamp_min(sum(rate('
+                                'stam_query_served_tokens_count[1m])), 1e-9)'),
     ("readiness", 'min by (job, dependency) (stam_ready)'),
     ("process memory", 'process_resident_memory_bytes{job=~"stam-.*"}'),
 ]

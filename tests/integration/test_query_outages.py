@@ -25,6 +25,7 @@ import pytest
 import redis
 
 from schemas.query import QueryAnswer, QueryRequest
+from stam.crypto import sealer_for
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.read.tokens import load_tokenizer
@@ -298,6 +299,8 @@ def test_query_worker_answers_a_redis_outage_and_recovers(stack_settings: Any, s
         assert body["error"].startswith("Redis unavailable: ") and "Traceback" not in body["error"]
         down = asyncio.run(_kafka_roundtrip(s, _req(101)))
         assert not down.ok and down.error_kind == "unavailable" and down.error.startswith("Redis unavailable")
+        # Unsealed only when the key store was unreachable: then the id is replaced by the pseudonym.
+        assert down.patient_id in (_req(101).patient_id, sealer_for(s).message_key(_req(101).patient_id).decode())
         assert query_worker.poll() is None, log.read_text()[-3000:]
 
         restarted.start()  # same port, same data file: the worker reconnects by itself
