@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import SMALL_PATIENT, need_data
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _collect
 from tests.integration.conftest import QUERY_TOKEN, _free_port, _stam_process
 
 pytestmark = pytest.mark.integration
@@ -199,6 +199,7 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
     from aiokafka import AIOKafkaProducer
 
     from schemas.query import QueryRequest
+    from stam.publish import Publisher, PublishSummary
     from topology import topics as t
     from topology.admin import kafka_client_kwargs
 
@@ -220,14 +221,18 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
                 and f"*:{port} " not in listening, (port, listening)
     started = time.time()
 
-    # The burst: the patient's 132 entries at once, one malformed entry (a dead letter), questions meanwhile.
+    # The stream: one malformed entry (a dead letter), then the patient's 132 entries at 40/s (several batches
+    # per stage, so every rate sees increases between scrapes), questions meanwhile.
     want = {e.entry_id for e in small_bundle.entries}
 
     async def burst() -> None:
-        await _publish(s, list(small_bundle.entries), raw=[b'{"not": "an entry"}'])
         producer = AIOKafkaProducer(**kafka_client_kwargs(s))
         await producer.start()
         try:
+            await producer.send_and_wait(t.ENTRIES.name(s.topic_prefix), key=SMALL_PATIENT.encode(),
+                                         value=b'{"not": "an entry"}')
+            async with Publisher(s) as pub:
+                await pub.send_entries(list(small_bundle.entries), PublishSummary(), rate=40)
             for i in range(3):
                 req = QueryRequest(request_id=f"prom-kafka-{i}", patient_id=SMALL_PATIENT, question="What is the body "
                                    "height?")
