@@ -143,6 +143,17 @@ def _split(value: bytes) -> tuple[int, bytes]:
     return int(gen), wrapped
 
 
+def redis_fsync_window(client: Any) -> float | None:
+    """Seconds after which a write to this Redis is on disk: 2 with ``appendfsync everysec``, 0 with ``always``,
+    None when it keeps no append-only file (a write is on disk only after the next RDB save). Raises what
+    ``CONFIG GET`` raises (it is often disabled on managed Redis)."""
+    conf = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+            for k, v in client.config_get("append*").items()}
+    if conf.get("appendonly") != "yes":
+        return None
+    return 0.0 if conf.get("appendfsync") == "always" else 2.0
+
+
 class KeyStore:
     """The patients' data keys in Redis, sealed under the master key; a small in-process cache.
 
@@ -216,23 +227,14 @@ class KeyStore:
         return key
 
     def _window(self) -> float | None:
-        """Seconds after which a Redis write is on disk: 2 with ``appendfsync everysec``, 0 with ``always``, None
-        when Redis keeps no append-only file (a write is on disk only after the next RDB save).
-        ``STAM_REDIS_FSYNC_WINDOW_S`` overrides the probe. Probed each time: an operator may turn AOF off live."""
+        """:func:`redis_fsync_window`, probed each time (an operator may turn AOF off live); CONFIG disabled (as
+        on many managed Redis): assume everysec. ``STAM_REDIS_FSYNC_WINDOW_S`` overrides the probe."""
         if self._fsync_window_s is not None:
             return self._fsync_window_s
         try:
-            conf = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                    for k, v in self._client.config_get("append*").items()}
-        except redis.ResponseError:  # CONFIG is often disabled on managed Redis: assume everysec
+            return redis_fsync_window(self._client)
+        except redis.ResponseError:
             return 2.0
-        if conf.get("appendonly") != "yes":
-            return None
-        return 0.0 if conf.get("appendfsync") == "always" else 2.0
-
-    def fsync_window(self) -> float:
-        window = self._window()
-        return 0.0 if window is None else window
 
     def durable(self) -> None:
         """Wait until the keys this process created are on Redis's disk. A key is the one thing in Redis the

@@ -225,21 +225,19 @@ class Durability:
         (then only the checkpoint and recovery protect the state); a setting overrides the probe."""
         if self.fsync_window_s is not None:
             return self.fsync_window_s
+        from stam.crypto import redis_fsync_window
+
         client = getattr(self.deps.states, "_r", None)
         window = 0.0
         if client is not None:
             try:
-                conf = client.config_get("append*")
-                aof = (conf.get("appendonly") or conf.get(b"appendonly") or b"no")
-                fsync = (conf.get("appendfsync") or conf.get(b"appendfsync") or b"everysec")
-                aof = aof.decode() if isinstance(aof, bytes) else aof
-                fsync = fsync.decode() if isinstance(fsync, bytes) else fsync
-                if aof != "yes":
+                found = redis_fsync_window(client)
+                if found is None:
                     log.warning("the state store keeps no append-only file: a crash of it loses recent writes, "
                                 "which the worker then rebuilds from the transition log (slow); turn on "
                                 "appendonly")
-                elif fsync != "always":
-                    window = 2.0
+                else:
+                    window = found
             except Exception as exc:  # noqa: BLE001 - CONFIG is often disabled on managed Redis
                 log.info("cannot read the state store's persistence settings (%s); set "
                          "STAM_REDIS_FSYNC_WINDOW_S to its fsync window", type(exc).__name__)
