@@ -51,12 +51,12 @@ def _log(msg: str) -> None:
 class Stack:
     """The embedded stack of one run, with kill -9 and restart of each process."""
 
-    def __init__(self, home: Path, partitions: int = 4) -> None:
+    def __init__(self, home: Path, partitions: int = 4, *, redis_fsync: str | None = None) -> None:
         from stam import stack
         from stam.config import Settings
 
         self.home = home
-        self.info = stack.up(home)
+        self.info = stack.up(home, redis_fsync=redis_fsync)
         self.settings = Settings(home=home, broker_url=self.info.broker_url, redis_url=self.info.redis_url,
                                  milvus_uri=self.info.milvus_uri, partitions=partitions, web_port=0,
                                  session_timeout_s=6.0)
@@ -218,7 +218,9 @@ async def _transition_ids(settings: Any) -> tuple[int, int]:
 
 
 def _run(home: Path, paths: list[Path], *, faults: dict[str, Any] | None, seed: int) -> dict[str, Any]:
-    stack = Stack(home)
+    # The worst case for Redis: it keeps no append-only file (from its start, so its restart after kill -9 loads the
+    # last RDB snapshot and loses recent writes); the worker must notice and rebuild from the transition log.
+    stack = Stack(home, redis_fsync="no" if faults and faults.get("redis_without_aof") else None)
     started = time.monotonic()
     events: list[dict[str, Any]] = []
     try:
@@ -229,12 +231,6 @@ def _run(home: Path, paths: list[Path], *, faults: dict[str, Any] | None, seed: 
             if faults is None:
                 publisher = _publish(stack, paths, None)
             else:
-                if faults.get("redis_without_aof"):
-                    # The worst case: Redis keeps no append-only file, so its kill -9 loses recent writes and the
-                    # worker must notice and rebuild from the transition log.
-                    import redis as redis_py
-
-                    redis_py.Redis.from_url(stack.settings.redis_url).config_set("appendonly", "no")
                 publisher = _publish(stack, paths, faults["rate"])
                 rng = random.Random(seed)
                 span = faults["span_s"]
@@ -257,6 +253,10 @@ def _run(home: Path, paths: list[Path], *, faults: dict[str, Any] | None, seed: 
                     else:
                         down_s = {"redis": 2.0, "milvus": 5.0, "broker": 3.0}[what]
                         before = _versions(stack) if what == "redis" else None
+                        # A Redis kill before anything was applied tests nothing: wait until there is state to lose.
+                        while before == 0 and time.monotonic() < t0 + at + 120:
+                            time.sleep(1.0)
+                            before = _versions(stack)
                         stack.kill(what)
                         time.sleep(down_s)
                         stack.start(what)

