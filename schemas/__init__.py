@@ -9,18 +9,10 @@ from schemas.common import (
     Category,
     CodeSystem,
     Coding,
-    Reason,
     Store,
 )
 from schemas.entry import Quantity, RecordEntry, Reference
-from schemas.memory import (
-    DIRECTED_RELATIONS,
-    AtomicMemory,
-    Relation,
-    RelationType,
-    Span,
-    StoredMemory,
-)
+from schemas.memory import AtomicMemory, Relation, Span, StoredMemory
 from schemas.pipeline import (
     Archive,
     Channel,
@@ -35,9 +27,19 @@ from schemas.pipeline import (
     UpdateDecision,
 )
 from schemas.query import EvidenceItem, EvidencePacket, GateDecision, GateMode, QueryAnswer, QueryRequest
+from schemas.vocabulary import (
+    DIRECTED_RELATIONS,
+    ENDING_ROLES,
+    RELATION_WEIGHT,
+    Reason,
+    ReferenceRole,
+    RelationType,
+)
 
 __all__ = [
     "DIRECTED_RELATIONS",
+    "ENDING_ROLES",
+    "RELATION_WEIGHT",
     "WIRE_VERSION",
     "Archive",
     "AtomicMemory",
@@ -62,6 +64,7 @@ __all__ = [
     "Reason",
     "RecordEntry",
     "Reference",
+    "ReferenceRole",
     "RefusedArchive",
     "Relation",
     "RelationType",

@@ -76,16 +76,3 @@ class Store(StrEnum):
 
     ACTIVE = "active"
     HISTORY = "history"
-
-
-class Reason(StrEnum):
-    """Why a memory is in HISTORY."""
-
-    SUPERSEDED = "superseded"
-    RESOLVED = "resolved"
-    STOPPED = "stopped"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    ENTERED_IN_ERROR = "entered-in-error"
-    PRIOR_STATE = "prior-state"
-    """A new memory that describes an earlier state than one already ACTIVE (late arrival)."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 from pydantic import Field
 
 from schemas.common import (
@@ -11,11 +9,11 @@ from schemas.common import (
     Category,
     Coding,
     NonEmptyStr,
-    Reason,
     SchemaVersion,
     Store,
     WireModel,
 )
+from schemas.vocabulary import DIRECTED_RELATIONS, Reason, RelationType
 
 
 class Span(WireModel):
@@ -63,21 +61,6 @@ class AtomicMemory(WireModel):
     @property
     def concept_key(self) -> str | None:
         return f"{self.concept.system}|{self.concept.code}" if self.concept else None
-
-
-class RelationType(StrEnum):
-    RESTATEMENT = "restatement"
-    SAME_CONDITION_THREAD = "same_condition_thread"
-    DRUG_INTERACTION = "drug_interaction"
-    SYSTEMIC_LINK = "systemic_link"
-    CAUSAL = "causal"
-    TREATMENT_FOR = "treatment_for"
-    MONITORING_FOR = "monitoring_for"
-
-
-DIRECTED_RELATIONS = frozenset(
-    {RelationType.CAUSAL, RelationType.TREATMENT_FOR, RelationType.MONITORING_FOR}
-)
 
 
 class Relation(WireModel):

@@ -6,9 +6,10 @@ from enum import StrEnum
 
 from pydantic import Field
 
-from schemas.common import AwareDatetime, NonEmptyStr, Reason, SchemaVersion, Store, WireModel
+from schemas.common import AwareDatetime, NonEmptyStr, SchemaVersion, Store, WireModel
 from schemas.entry import RecordEntry
-from schemas.memory import AtomicMemory, Relation, RelationType
+from schemas.memory import AtomicMemory, Relation
+from schemas.vocabulary import Reason, RelationType
 
 
 class ExtractedEntry(WireModel):

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schemas import Archive, AtomicMemory, Reason, RecordEntry
+from schemas import ENDING_ROLES, Archive, AtomicMemory, Reason, RecordEntry
 from stam.errors import MessageFault, StamError
 
 log = logging.getLogger("stam.integrity")
@@ -48,7 +48,7 @@ UNSIGNED = "unsigned"
 _DOMAIN = b"stam-entry-v1\n"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
-RESOURCE_ROLES = frozenset({"replaces", "discontinues"})
+RESOURCE_ROLES = ENDING_ROLES
 
 
 class SignatureError(MessageFault):

@@ -20,6 +20,7 @@ import numpy as np
 import orjson
 
 from schemas import (
+    ENDING_ROLES,
     Archive,
     AtomicMemory,
     Channel,
@@ -194,7 +195,7 @@ def _channels(chans: frozenset[Channel]) -> tuple[Channel, ...]:
     return tuple(sorted(chans))  # sorting enums is slow; there are only 7 combinations
 
 
-EXPLICIT_ROLES = frozenset({"replaces", "discontinues"})
+EXPLICIT_ROLES = ENDING_ROLES
 """Reference roles that name a source resource the entry ends; its memories are always impact candidates."""
 
 

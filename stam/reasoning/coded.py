@@ -40,11 +40,13 @@ from schemas import (
     Quantity,
     Reason,
     RecordEntry,
+    ReferenceRole,
     Relation,
     RelationType,
     Store,
     UpdateDecision,
 )
+from schemas.vocabulary import RELATION_WEIGHT as RELATION_WEIGHT  # its former home, kept importable
 from stam.ids import memory_id
 from stam.reasoning.base import Candidate
 from stam.state import PatientState
@@ -82,16 +84,6 @@ _TERMINAL_BY_CATEGORY: dict[Category, dict[str, Reason]] = {
     Category.CONDITION: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED,
                          "remission": Reason.RESOLVED},
     Category.ALLERGY: {"resolved": Reason.RESOLVED, "inactive": Reason.RESOLVED},
-}
-
-RELATION_WEIGHT: dict[RelationType, float] = {
-    RelationType.RESTATEMENT: 1.0,
-    RelationType.TREATMENT_FOR: 0.9,
-    RelationType.MONITORING_FOR: 0.8,
-    RelationType.SAME_CONDITION_THREAD: 0.7,
-    RelationType.CAUSAL: 0.8,
-    RelationType.DRUG_INTERACTION: 0.8,
-    RelationType.SYSTEMIC_LINK: 0.5,
 }
 
 _PREFERRED_SYSTEMS = (CodeSystem.RXNORM, CodeSystem.LOINC, CodeSystem.SNOMED, CodeSystem.CVX,
@@ -205,7 +197,7 @@ class CodedReasoner:
             if src != dst:
                 relations[(src, dst, rtype)] = Relation(
                     source_id=src, target_id=dst, type=rtype,
-                    weight=RELATION_WEIGHT[rtype] if weight is None else weight)
+                    weight=rtype.weight if weight is None else weight)
 
         for m in memories:
             if m.concept_key:
@@ -222,21 +214,16 @@ class CodedReasoner:
 
     @staticmethod
     def _relation_for(role: str, category: Category) -> tuple[RelationType | None, float | None]:
-        treats = category in (Category.MEDICATION, Category.PROCEDURE, Category.CAREPLAN,
-                              Category.IMMUNIZATION)
-        if role in ("reason", "addresses"):
-            if treats:
-                return RelationType.TREATMENT_FOR, None
-            if category in (Category.OBSERVATION, Category.REPORT):
-                return RelationType.MONITORING_FOR, None
-            return RelationType.SAME_CONDITION_THREAD, None
-        if role == "encounter-reason":
-            if category in (Category.OBSERVATION, Category.REPORT):
-                return RelationType.MONITORING_FOR, 0.6
-            if treats:
-                return RelationType.TREATMENT_FOR, 0.6
-            return RelationType.SAME_CONDITION_THREAD, 0.6
-        return None, None
+        """The relation a reference of ``role`` gives a memory of ``category``, and its weight (None: the
+        type's own); (None, None) for a role that does not link (schemas/vocabulary.py, ``ReferenceRole``)."""
+        known = ReferenceRole.of(role)
+        if known is None or not known.links:
+            return None, None
+        if category in (Category.MEDICATION, Category.PROCEDURE, Category.CAREPLAN, Category.IMMUNIZATION):
+            return RelationType.TREATMENT_FOR, known.link_weight
+        if category in (Category.OBSERVATION, Category.REPORT):
+            return RelationType.MONITORING_FOR, known.link_weight
+        return RelationType.SAME_CONDITION_THREAD, known.link_weight
 
     @staticmethod
     def _resolve(target: str, state: PatientState) -> list[str]:
@@ -267,8 +254,8 @@ class CodedReasoner:
                         if key and c.stored.memory.concept_key == key
                         and c.stored.memory.entry_id != memory.entry_id]
         archives: dict[str, Archive] = {}
-        replaced = {r.target for r in entry.references if r.role == "replaces"}
-        discontinued = {r.target for r in entry.references if r.role == "discontinues"}
+        replaced = {r.target for r in entry.references if r.role == ReferenceRole.REPLACES}
+        discontinued = {r.target for r in entry.references if r.role == ReferenceRole.DISCONTINUES}
         for c in candidates:
             s = c.stored
             if s.store is not Store.ACTIVE or s.memory.entry_id == memory.entry_id or not s.memory.source_ref:

@@ -55,7 +55,7 @@ from stam.ids import memory_id
 from stam.llm.client import LLMClient, Usage
 from stam.reasoning import prompts
 from stam.reasoning.base import Candidate
-from stam.reasoning.coded import RELATION_WEIGHT, terminal_reason, verbatim_memory
+from stam.reasoning.coded import terminal_reason, verbatim_memory
 from stam.state import PatientState
 
 T = TypeVar("T", bound=BaseModel)
@@ -315,7 +315,7 @@ class ModelReasoner:
             target = current[link.n - 1].stored.memory.memory_id
             rtype = RelationType(link.type)
             relations[(target, rtype)] = Relation(source_id=mid, target_id=target, type=rtype,
-                                                  weight=RELATION_WEIGHT[rtype])
+                                                  weight=rtype.weight)
         archives: dict[str, Archive] = {}
         refused = 0
         for ended in j.ended:

@@ -10,17 +10,25 @@ Output fields are few and short on purpose: completion tokens are the cost on a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.vocabulary import Reason, RelationType
 
 FactCategory = Literal["condition", "medication", "observation", "procedure", "allergy", "immunization",
                        "careplan", "encounter", "social", "symptom"]
 FactStatus = Literal["active", "stopped", "resolved", "completed", "planned", "history", "negated"]
-RelationName = Literal["restatement", "same_condition_thread", "drug_interaction", "systemic_link", "causal",
-                       "treatment_for", "monitoring_for"]
-EndReason = Literal["superseded", "resolved", "stopped", "completed", "cancelled"]
+# The relation names and end reasons the model may answer, derived from schemas/vocabulary.py (in table
+# order): literals, so the output schema carries plain strings; replies are read back with RelationType(...)
+# and Reason(...).
+if TYPE_CHECKING:
+    RelationName = str
+    EndReason = str
+else:
+    RelationName = Literal[tuple(r.value for r in RelationType)]
+    EndReason = Literal[tuple(r.value for r in Reason if r.offered)]
 
 
 class _Out(BaseModel):
@@ -99,18 +107,23 @@ class Judgement(_Out):
     ended: list[Ended] = Field(default_factory=list, max_length=12)
 
 
-JUDGE_SYSTEM = (
-    "You maintain a patient's memory. You get a NEW fact and numbered existing facts: CURRENT ones hold "
-    "now, PAST ones held before. Decide:\n"
-    "new_is: 'current', or 'past' if the NEW fact only describes an earlier state (then past_reason).\n"
-    "links: CURRENT facts the NEW fact is clinically related to: restatement (same fact again), "
-    "same_condition_thread, drug_interaction, systemic_link, causal (NEW causes it), treatment_for (NEW "
-    "treats it), monitoring_for (NEW monitors it).\n"
-    "ended: CURRENT facts that the NEW fact shows no longer hold: a newer value or dose of the same thing "
-    "(superseded), a stop (stopped), a resolution (resolved). A fact that is only similar still holds: "
-    "leave it out. Most NEW facts end nothing.\n"
-    "Reply in JSON."
-)
+def judge_system(relations: Iterable[RelationType] = tuple(RelationType)) -> str:
+    """The system prompt of the link+update call; its relation prose is each type's ``prompt`` in
+    schemas/vocabulary.py, in table order."""
+    prose = ", ".join(f"{r.value} ({r.prompt})" if r.prompt else r.value for r in relations)
+    return (
+        "You maintain a patient's memory. You get a NEW fact and numbered existing facts: CURRENT ones hold "
+        "now, PAST ones held before. Decide:\n"
+        "new_is: 'current', or 'past' if the NEW fact only describes an earlier state (then past_reason).\n"
+        f"links: CURRENT facts the NEW fact is clinically related to: {prose}.\n"
+        "ended: CURRENT facts that the NEW fact shows no longer hold: a newer value or dose of the same thing "
+        "(superseded), a stop (stopped), a resolution (resolved). A fact that is only similar still holds: "
+        "leave it out. Most NEW facts end nothing.\n"
+        "Reply in JSON."
+    )
+
+
+JUDGE_SYSTEM = judge_system()
 
 
 def judge_messages(new: str, new_date: str | None, current: Sequence[str],

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import Coding, Quantity, RecordEntry, Reference
+from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
 
@@ -215,7 +215,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
     attributes: dict[str, Any] = {}
     refs: list[Reference] = []
 
-    def add_refs(role: str, items: list[dict[str, Any]] | None) -> None:
+    def add_refs(role: ReferenceRole, items: list[dict[str, Any]] | None) -> None:
         for item in items or []:
             target = _canonical_ref(item.get("reference"), urls)
             if target:
@@ -235,8 +235,8 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         end = parse_time((r.get("effectivePeriod") or {}).get("end"))
         recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
         dosage = _dosage(r)
-        add_refs("reason", r.get("reasonReference"))
-        add_refs("replaces", [r["priorPrescription"]] if r.get("priorPrescription") else [])
+        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+        add_refs(ReferenceRole.REPLACES, [r["priorPrescription"]] if r.get("priorPrescription") else [])
     elif rtype == "Observation":
         codes = _codings(r.get("code"))
         start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
@@ -252,7 +252,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         period = r.get("performedPeriod") or {}
         start = parse_time(r.get("performedDateTime") or period.get("start"))
         end = parse_time(period.get("end"))
-        add_refs("reason", r.get("reasonReference"))
+        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
     elif rtype == "Immunization":
         codes = _codings(r.get("vaccineCode"))
         start = parse_time(r.get("occurrenceDateTime"))
@@ -261,9 +261,9 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         codes = _first_codings(r.get("type"))
         period = r.get("period") or {}
         start, end = parse_time(period.get("start")), parse_time(period.get("end"))
-        refs.extend(Reference(role="reason", target=f"concept:{c.system}|{c.code}")
+        refs.extend(Reference(role=ReferenceRole.REASON, target=f"concept:{c.system}|{c.code}")
                     for c in _first_codings(r.get("reasonCode")))
-        add_refs("reason", r.get("reasonReference"))
+        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
     elif rtype == "AllergyIntolerance":
         codes = _codings(r.get("code"))
         start = parse_time(r.get("onsetDateTime") or r.get("recordedDate"))
@@ -277,20 +277,20 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         codes = _first_codings(categories[1:] if len(categories) > 1 else categories)
         period = r.get("period") or {}
         start, end = parse_time(period.get("start")), parse_time(period.get("end"))
-        add_refs("addresses", r.get("addresses"))
+        add_refs(ReferenceRole.ADDRESSES, r.get("addresses"))
     elif rtype == "DiagnosticReport":
         codes = _codings(r.get("code"))
         start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
         recorded = parse_time(r.get("issued"))
-        add_refs("has-member", r.get("result"))
+        add_refs(ReferenceRole.HAS_MEMBER, r.get("result"))
         text = _attachments_text(r.get("presentedForm") or [])
     elif rtype == "ServiceRequest":
         codes = _codings(r.get("code"))
         start = parse_time(r.get("occurrenceDateTime") or (r.get("occurrencePeriod") or {}).get("start")
                            or r.get("authoredOn"))
         recorded = parse_time(r.get("authoredOn"))
-        add_refs("reason", r.get("reasonReference"))
-        add_refs("replaces", r.get("replaces"))
+        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+        add_refs(ReferenceRole.REPLACES, r.get("replaces"))
     elif rtype == "DocumentReference":
         # A clinical note: its text is the entry (for the extractor); the document type is metadata, not a
         # clinical concept of the patient, so it is not sent as a code.
@@ -302,7 +302,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         if doc_type:
             attributes["document_type"] = doc_type[0].display or doc_type[0].code
     if rtype == "Observation":
-        add_refs("has-member", r.get("hasMember"))
+        add_refs(ReferenceRole.HAS_MEMBER, r.get("hasMember"))
     if not codes and not text:
         return None
     context = r.get("context")
@@ -312,7 +312,7 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
         encounter_ref = context["encounter"][0].get("reference")
     encounter = _canonical_ref(encounter_ref, urls)
     if encounter and encounter_reasons:
-        refs.extend(Reference(role="encounter-reason", target=f"concept:{c.system}|{c.code}")
+        refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=f"concept:{c.system}|{c.code}")
                     for c in encounter_reasons.get(encounter, []))
     recorded = recorded or parse_time((r.get("meta") or {}).get("lastUpdated")) or start
     source_ref = f"{rtype}/{r['id']}" if r.get("id") else None

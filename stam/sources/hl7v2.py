@@ -52,7 +52,7 @@ import hl7
 from hl7.exceptions import ParseException
 from pydantic import ValidationError
 
-from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference
+from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
 from stam.sources.fhir_ndjson import BadInput
@@ -618,7 +618,7 @@ class _Mapper:
             if pv1.get(n):
                 attrs[key] = pv1.get(n)[:64]
         spec = self.add(_Spec(pv1.pos, "PV1", "Encounter", ref, codes, status, start, end, attrs=attrs))
-        spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.encounter_reasons)
+        spec.refs.extend(Reference(role=ReferenceRole.REASON, target=self.concept(c)) for c in self.encounter_reasons)
 
     def diagnosis(self, dg1: _Seg) -> _Spec | None:
         codes = self.codings(dg1.comps(3), default_system=dg1.get(2))
@@ -682,7 +682,7 @@ class _Mapper:
                else self.fallback_ref("Procedure", key.system if key else "", key.code if key else text, pr1.get(5)))
         spec = self.add(_Spec(pr1.pos, "PR1", "Procedure", ref, codes, status, self.time(pr1, 5),
                               text=[] if codes else [text]))
-        spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.codings(pr1.comps(15)))
+        spec.refs.extend(Reference(role=ReferenceRole.REASON, target=self.concept(c)) for c in self.codings(pr1.comps(15)))
 
     # -- problems (PPR) ------------------------------------------------------------------------------------
 
@@ -735,7 +735,7 @@ class _Mapper:
                               self.time(obr, 7), attrs={"order_number": number} if number else {}))
         placer = self.order_number((obr, 2), (group.orc, 2))
         if placer:  # the order this report answers (ServiceRequest/<placer> from ORM/OML)
-            spec.refs.append(Reference(role="based-on", target=f"ServiceRequest/{placer}"))
+            spec.refs.append(Reference(role=ReferenceRole.BASED_ON, target=f"ServiceRequest/{placer}"))
         return spec
 
     def observation(self, obx: _Seg, parent: _Spec | None, obr: _Seg | None) -> _Spec | None:
@@ -774,9 +774,9 @@ class _Mapper:
         spec = self.add(_Spec(obx.pos, "OBX", "Observation", ref, codes, status, start, value=value,
                               text=[text] if text else [], attrs=attrs))
         if parent is not None and parent.source_ref:
-            spec.refs.append(Reference(role="part-of", target=parent.source_ref))
+            spec.refs.append(Reference(role=ReferenceRole.PART_OF, target=parent.source_ref))
             if parent.resource_type == "DiagnosticReport":
-                parent.refs.append(Reference(role="has-member", target=ref))
+                parent.refs.append(Reference(role=ReferenceRole.HAS_MEMBER, target=ref))
         return spec
 
     def obx_value(self, obx: _Seg, vtype: str) -> tuple[Quantity | None, str]:
@@ -831,7 +831,8 @@ class _Mapper:
         spec = self.add(_Spec(obr.pos, "OBR", "ServiceRequest", ref, codes, self.order_status(orc, obr), start,
                               attrs=attrs))
         for i in range(1, len(obr.reps(31)) + 1):
-            spec.refs.extend(Reference(role="reason", target=self.concept(c)) for c in self.codings(obr.comps(31, i)))
+            spec.refs.extend(Reference(role=ReferenceRole.REASON, target=self.concept(c))
+                             for c in self.codings(obr.comps(31, i)))
         return spec
 
     def close(self, group: _Group, enabled: frozenset[str]) -> None:
@@ -910,7 +911,7 @@ class _Mapper:
                               dosage=dosage, attrs=attrs))
         parent = orc.get(8) if orc is not None else ""
         if control in _REPLACING_CONTROLS and parent and f"MedicationRequest/{_safe_id(parent)}" != ref:
-            spec.refs.append(Reference(role="replaces", target=f"MedicationRequest/{_safe_id(parent)}"))
+            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"MedicationRequest/{_safe_id(parent)}"))
 
     def dispense(self, group: _Group, rxd: _Seg, rxe: _Seg | None) -> None:
         codes = self.codings(rxd.comps(2))
@@ -992,7 +993,7 @@ class _Mapper:
         spec = self.add(_Spec(txa.pos, "TXA", "DocumentReference", ref, [], status,
                               self.first_time((txa, 4), (txa, 6)), text=[text], attrs=attrs))
         if self.event in ("T09", "T10") and txa.get(13):
-            spec.refs.append(Reference(role="replaces", target=f"DocumentReference/{_safe_id(txa.get(13))}"))
+            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"DocumentReference/{_safe_id(txa.get(13))}"))
 
     # -- finishing -----------------------------------------------------------------------------------------
 
@@ -1001,9 +1002,9 @@ class _Mapper:
         conditions = [s.source_ref for s in self.specs if s.segment == "DG1" and s.source_ref]
         for spec in self.specs:
             if spec.resource_type in ("ServiceRequest", "MedicationRequest", "Encounter"):
-                spec.refs.extend(Reference(role="reason", target=c) for c in conditions)
+                spec.refs.extend(Reference(role=ReferenceRole.REASON, target=c) for c in conditions)
             if self.encounter_reasons and spec.resource_type != "Encounter":
-                spec.refs.extend(Reference(role="encounter-reason", target=self.concept(c))
+                spec.refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=self.concept(c))
                                  for c in self.encounter_reasons)
 
     def finish(self, spec: _Spec) -> RecordEntry:

@@ -64,7 +64,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import Coding, Quantity, RecordEntry, Reference
+from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from schemas.common import CodeSystem
 from stam.errors import SourceError
 from stam.sources.fhir_ndjson import BadInput
@@ -436,7 +436,7 @@ class _Builder:
             if codes is None:
                 name, drugs = self._order_name(original or r)
                 codes = (Coding(system=SYS_ORDER, code=target, display=name), *drugs)
-            refs.append(Reference(role="discontinues", target=self._order_ref(r["order_type"], target)))
+            refs.append(Reference(role=ReferenceRole.DISCONTINUES, target=self._order_ref(r["order_type"], target)))
             attributes["discontinue_of_poe_id"] = target
             self.emit("poe", poe_id, when, source_ref=f"{rtype}/poe-{poe_id}", resource_type=rtype,
                       effective_at=when, recorded_at=when, status="stopped", codes=codes,
@@ -448,7 +448,7 @@ class _Builder:
         if tx == "Change":
             if not target:
                 raise SourceError(f"Change order {poe_id} names no discontinue_of_poe_id")
-            refs.append(Reference(role="replaces", target=self._order_ref(r["order_type"], target)))
+            refs.append(Reference(role=ReferenceRole.REPLACES, target=self._order_ref(r["order_type"], target)))
             attributes["discontinue_of_poe_id"] = target
         status = "on-hold" if tx == "H" else "active"
         self.emit("poe", poe_id, when, source_ref=f"{rtype}/poe-{poe_id}", resource_type=rtype,
