@@ -35,16 +35,30 @@ from stam.cli.common import load_settings
 from stam.cli.transitions import _consume_transitions
 from stam.config import Settings
 
-__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main"]
+__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "version"]
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
 GROUPS = (stack, worker, publish, query, serve, transitions, state, deadletters, erasure, demo, evaluate)
 
 
+def version() -> str:
+    """The installed package's version (importlib.metadata), else stam.__version__ when the package defines one."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("stam")
+    except metadata.PackageNotFoundError:
+        import stam
+
+        return str(getattr(stam, "__version__", "unknown"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stam", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version of stam and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)

@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "fixed), or --value-file with a corrected payload; a publisher's bad file is refused (fix "
                        "it and publish it again). The gap closes when the worker applies the entry. dismiss ID "
                        "--reason R: close the gap without applying the entry; who, when and why are kept.")
-    p.add_argument("action", choices=["list", "show", "replay", "dismiss"])
+    p.add_argument("action", choices=["list", "show", "replay", "dismiss"],
+                   help="list, show ID, replay ID or dismiss ID (see above)")
     p.add_argument("id", nargs="?", default=None, help="dead letter id, PARTITION:OFFSET (show, replay, dismiss)")
     p.add_argument("--patient", default=None, help="list: only this patient's dead letters")
     p.add_argument("--stage", default=None, help="list: only this stage's (extract, link, impact, update, "

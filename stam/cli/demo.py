@@ -238,9 +238,11 @@ def _metric_sum(text: str, prefix: str) -> float:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="stream one real Synthea patient through the embedded stack")
-    p.add_argument("--bundle", default=DEFAULT_DEMO_BUNDLE)
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--limit", type=int, default=25)
+    p.add_argument("--bundle", default=DEFAULT_DEMO_BUNDLE, help="the patient's Synthea R4 bundle (default: one "
+                   "in ../shared/data/synthea-r4-bundles)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds to wait for the worker to apply every entry (default 300)")
+    p.add_argument("--limit", type=int, default=25, help="memories shown per store (default 25)")
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
     p.set_defaults(fn=cmd_demo)
 
@@ -251,7 +253,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "transitions, the model calls and tokens, and one question.")
     p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m",
                    help="packaged model (make models-1.5b) or qwen2.5-coder-0.5b-instruct-q4_k_m (faster, weaker)")
-    p.add_argument("--bulk", default="../shared/data/synthea-bulk-10p")
-    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--bulk", default="../shared/data/synthea-bulk-10p",
+                   help="Synthea bulk-export folder with the notes (default: %(default)s)")
+    p.add_argument("--timeout", type=float, default=1200.0,
+                   help="seconds to wait for the worker to apply every entry (default 1200)")
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
     p.set_defaults(fn=cmd_demo_notes)

@@ -94,7 +94,8 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("rebuild", help="rebuild a patient's stores from the transitions topic")
-    p.add_argument("--patient", required=True)
+    p.add_argument("--patient", required=True, help="the patient's id (its stores must be empty; an erased "
+                   "patient is refused)")
     p.set_defaults(fn=cmd_rebuild)
 
     p = sub.add_parser("erase", help="erase a patient everywhere, verify with an independent scan, publish a receipt",
@@ -106,7 +107,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "from offset 0 and every file under STAM_HOME for the id and sample texts, and publishes a "
                        "receipt without patient data on the audit topic. Exit status: 0 verified, 1 residuals or "
                        "failure, 3 receipt not published.")
-    p.add_argument("--patient", required=True)
+    p.add_argument("--patient", required=True, help="the patient's id")
     p.add_argument("--request-id", default=None, help="the caller's reference of the request, kept on the receipt")
     p.add_argument("--dry-run", action="store_true", help="count what would be removed, per store; change nothing")
     p.add_argument("--verify", action="store_true", help="only scan for the id and --sample-text texts; change "

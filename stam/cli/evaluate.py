@@ -231,7 +231,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "observations. Supersession-pair recall, impact-candidate ceiling, false archival, ended facts "
                       "in HISTORY, archived fraction, point-in-time agreement. Prints a table on stderr and the JSON "
                       "report on stdout (and --out); --plot draws one patient's ACTIVE/HISTORY over time.")
-    q.add_argument("--source", default="mimic", choices=["mimic", "synthea"])
+    q.add_argument("--source", default="mimic", choices=["mimic", "synthea"],
+                   help="mimic: MIMIC-IV patients (default); synthea: Synthea R4 bundles")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
     q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
     q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
@@ -243,7 +244,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "rule-non-episodic, append-only; comma-separated, or 'all'")
     q.add_argument("--samples", type=int, default=10, help="point-in-time samples per patient")
     q.add_argument("--out", help="also write the JSON report here")
-    q.add_argument("--quiet", action="store_true")
+    q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(fn=cmd_eval_state)
     q = ev.add_parser("qa", help="MIMIC-QA: STAM versus append-only, flat RAG, full context (evidence, tokens, "
                       "and a reader's F1/EM)",
@@ -257,8 +258,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "process), the same reader answers from every system's context: token F1, exact match, "
                       "McNemar/bootstrap/sign-flip against STAM. --match runs STAM again at a comparator's median "
                       "context size (appendix C.5).")
-    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
-    q.add_argument("--split", default="test", choices=["train", "dev", "test"])
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
+    q.add_argument("--split", default="test", choices=["train", "dev", "test"],
+                   help="the questions' split (default test)")
     q.add_argument("--questions", help="a question set (JSONL from `stam eval questions`) instead of building one")
     q.add_argument("--types", nargs="+", help="only these question types")
     q.add_argument("--limit", type=int, default=0, help="N questions after the other filters, a seeded sample with "
@@ -271,10 +273,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "append-only+threads, flat-rag, full-context; also the rendering controls stam-no-facts and "
                    "stam-neutral); stam always runs")
     q.add_argument("--patients", type=int, default=0, help="first N patients of the split (0: all)")
-    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
-    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT,
+                   help="questions per patient when the set is built (default %(default)s)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the question set and of --limit's sample "
+                   "(default 0)")
     q.add_argument("--budget", type=int, default=4000, help="full-context token budget")
-    q.add_argument("--rag-k", type=int, default=16)
+    q.add_argument("--rag-k", type=int, default=16, help="flat RAG: entries retrieved per question (default 16)")
     q.add_argument("--reader-url", help="OpenAI-compatible base URL of the reader (e.g. http://127.0.0.1:8000/v1)")
     q.add_argument("--reader-model", default="qwen2.5-coder-1.5b-instruct-q4_k_m", help="model name at --reader-url")
     q.add_argument("--reader-local", help="packaged GGUF model run in process by llama.cpp "
@@ -283,8 +287,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="also run STAM at this system's median context size")
     q.add_argument("--rows", action="store_true", help="keep every question's row (answers, tokens) in the report")
     q.add_argument("--plot", help="write a PNG of each system's score versus served tokens")
-    q.add_argument("--out")
-    q.add_argument("--quiet", action="store_true")
+    q.add_argument("--out", help="also write the JSON report here")
+    q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(fn=cmd_eval_qa)
     q = ev.add_parser("gate", help="calibrate the store gate with a reader on MIMIC-QA and Synthea",
                       description="For the questions whose wording does not ask for the past (the only ones the "
@@ -295,25 +299,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "skip rate, disagreement and served tokens, per source and for both; --write saves the first "
                       "lambda's threshold as a gate file (STAM_GATE_FILE).")
     q.add_argument("--mimic", help="MIMIC-IV folder (questions of --split, every table replayed)")
-    q.add_argument("--split", default="train", choices=["train", "dev", "test"])
+    q.add_argument("--split", default="train", choices=["train", "dev", "test"],
+                   help="MIMIC-IV: the questions' split (default train)")
     q.add_argument("--replay-dir", help="keep/reuse the MIMIC-IV replay here")
     q.add_argument("--synthea", help="folder of Synthea FHIR bundles (questions derived from their state)")
-    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT,
+                   help="questions per patient (default %(default)s)")
     q.add_argument("--limit", type=int, default=120, help="questions answered by the reader per source")
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.5, 1.0])
+    q.add_argument("--seed", type=int, default=0, help="seed of the questions' order (default 0)")
+    q.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=[0.0, 0.1, 0.2, 0.5, 1.0],
+                   help="quality/serving trade-offs reported; the first is chosen (default 0.0 0.1 0.2 0.5 1.0)")
     q.add_argument("--reader-url", help="OpenAI-compatible base URL of the reader")
-    q.add_argument("--reader-model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
+    q.add_argument("--reader-model", default="qwen2.5-coder-1.5b-instruct-q4_k_m",
+                   help="model name at --reader-url (default %(default)s)")
     q.add_argument("--reader-local", default="qwen2.5-coder-0.5b-instruct-q4_k_m",
                    help="packaged GGUF model run in process (when no --reader-url)")
     q.add_argument("--write", help="write the first lambda's calibrated threshold to this gate file")
     q.add_argument("--rows", action="store_true", help="keep every question's answers in the report")
-    q.add_argument("--out")
+    q.add_argument("--out", help="also write the JSON report here")
     q.set_defaults(fn=cmd_eval_gate)
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
-    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2")
-    q.add_argument("--subjects")
-    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT)
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--out", default="mimic-qa.jsonl")
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
+    q.add_argument("--subjects", help="comma-separated subject_ids (default: all)")
+    q.add_argument("--per-patient", type=int, default=MIMIC_QA_PER_PATIENT,
+                   help="questions per patient (default %(default)s)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the choices among candidates (default 0)")
+    q.add_argument("--out", default="mimic-qa.jsonl", help="the JSONL file to write (default %(default)s)")
     q.set_defaults(fn=cmd_eval_questions)

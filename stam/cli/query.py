@@ -132,7 +132,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("query-worker", help="run the query consumer (queries topic -> answers topic, HTTP "
                        "POST /v1/query with a bearer token)")
-    p.add_argument("--loglevel", default="info")
+    p.add_argument("--loglevel", default="info", help="debug, info, warning, error or critical (default: info)")
     p.set_defaults(fn=cmd_query_worker)
 
     p = sub.add_parser("token", help="create a query token with a scope (clinician: every patient; "
@@ -140,7 +140,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Generates a random token, prints it once on stdout and appends its name, role, "
                        "patients and SHA-256 (never the token) to the tokens file the query worker reads "
                        "(STAM_QUERY_TOKENS_FILE). See README, Security.")
-    p.add_argument("action", choices=["new"])
+    p.add_argument("action", choices=["new"], help="new: generate a token and add it to the tokens file")
     p.add_argument("--name", required=True, help="unique name of the token (who holds it)")
     p.add_argument("--role", required=True, help="clinician, or service:<name> with --patient")
     p.add_argument("--patient", action="append", default=None, help="a patient id a service token may read "
@@ -157,8 +157,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "question (\"as of 2148-01-28 20:06\", \"in the last 24 hours\") is read against the "
                        "patient's clinical clock. --as-of views the state at a clinical time; --as-of-version "
                        "replays the patient's transitions topic to a position in its stream.")
-    p.add_argument("--patient", required=True)
-    p.add_argument("question")
+    p.add_argument("--patient", required=True, help="the patient's id")
+    p.add_argument("question", help="the question, in quotes")
     p.add_argument("--as-of", default=None, help="clinical time (ISO 8601; no zone: UTC)")
     p.add_argument("--as-of-version", type=int, default=None, help="patient state version (stream position)")
     p.add_argument("--gate", choices=["auto", "active", "both"], default="auto",
@@ -177,7 +177,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="source resource types this query may not see, e.g. DocumentReference (repeatable)")
     p.add_argument("--no-labels", action="store_true", help="neutral rendering: no [current] marks, no reasons")
     p.add_argument("--spans", action="store_true", help="render the source text around each memory")
-    p.add_argument("--token-budget", type=int, default=None)
+    p.add_argument("--token-budget", type=int, default=None,
+                   help="fill the packet by rank up to this many tokens (default: no budget)")
     p.add_argument("--json", action="store_true", help="the QueryAnswer JSON (schemas/json/query-answer.v1.json)")
     p.set_defaults(fn=cmd_ask)
 
@@ -185,13 +186,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="build-set: derive a labelled question set from stored patients. "
                        "calibrate: replay the set with and without HISTORY, choose the threshold for the "
                        "first --lambda, write it to the gate file (default <home>/gate.json), report all.")
-    p.add_argument("action", choices=["build-set", "calibrate"])
+    p.add_argument("action", choices=["build-set", "calibrate"],
+                   help="build-set: write a labelled question set; calibrate: choose and write the threshold")
     p.add_argument("--set", required=True, help="JSON Lines calibration set (written by build-set)")
     p.add_argument("--patients", default=None, help="build-set: comma-separated patient ids (default: all)")
-    p.add_argument("--per-patient", type=int, default=12)
+    p.add_argument("--per-patient", type=int, default=12, help="build-set: questions per patient (default 12)")
     p.add_argument("--lambda", dest="lambdas", type=float, nargs="+", default=[0.2],
                    help="quality/serving trade-off; the first is written (default 0.2)")
-    p.add_argument("--k-active", type=int, default=8)
-    p.add_argument("--k-history", type=int, default=8)
-    p.add_argument("--out", default=None)
+    p.add_argument("--k-active", type=int, default=8, help="calibrate: concept threads served (default 8)")
+    p.add_argument("--k-history", type=int, default=8,
+                   help="calibrate: earlier values served per thread with HISTORY (default 8)")
+    p.add_argument("--out", default=None, help="calibrate: the gate file to write (default: STAM_GATE_FILE, "
+                   "else <home>/gate.json)")
     p.set_defaults(fn=cmd_gate)

@@ -41,5 +41,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("stack", help="start, stop or show the embedded stack")
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("action", choices=["up", "down", "status"],
+                   help="up: start the processes not running and create the topics; down: stop them (data is "
+                   "kept); status: show them (exit status 1 when one is not running)")
     p.set_defaults(fn=cmd_stack)

@@ -39,7 +39,7 @@ def cmd_state(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("state", help="a patient's ACTIVE and HISTORY memories")
-    p.add_argument("--patient", required=True)
+    p.add_argument("--patient", required=True, help="the patient's id")
     p.add_argument("--json", action="store_true", help="the stable export shape (see README)")
     p.add_argument("--limit", type=int, default=None, help="text mode: at most N memories per store")
     p.set_defaults(fn=cmd_state)

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        description="Runs the write-path stages in one process (all four by default). Probes on "
                        "STAM_WEB_HOST:STAM_WEB_PORT (GET /healthz, /readyz), metrics on "
                        "STAM_METRICS_HOST:STAM_METRICS_PORT. A port already taken stops it with one line (exit 2).")
-    p.add_argument("--loglevel", default="info")
+    p.add_argument("--loglevel", default="info", help="debug, info, warning, error or critical (default: info)")
     p.add_argument("--stages", default=None, help="comma-separated subset of extract,link,impact,update (default: "
                    "all); give each stage group its own consumer group with STAM_APP_ID")
     p.set_defaults(fn=cmd_worker)
