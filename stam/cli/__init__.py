@@ -1,0 +1,85 @@
+"""The ``stam`` command line.
+
+  stam stack up|down|status     embedded broker (Tansu on SeaweedFS S3), Redis (AOF) and Milvus Lite on loopback;
+                                up restarts only dead processes, status exits 1 when one is dead
+  stam worker                   run the write-path workers (extract, link, impact, update)
+  stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
+  stam transitions              print transitions from the transitions topic
+  stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
+  stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
+  stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
+  stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
+  stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
+  stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
+  stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
+  stam gate build-set|calibrate the store gate's calibration
+  stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
+  stam demo                     all of the above on one real Synthea patient
+  stam eval state               write-time state diagnostics (MIMIC-IV or Synthea gold, ablation variants, plot)
+  stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
+  stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
+
+Settings come from STAM_* environment variables; for any not set, the embedded stack's URLs
+(<home>/stack.json) are used; when a process of it is not running, commands fail naming it (never a silent
+fallback to a default address or a private store).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from stam.cli import deadletters, demo, erasure, evaluate, publish, query, serve, stack, state, transitions, worker
+from stam.cli.common import load_settings
+from stam.cli.transitions import _consume_transitions
+from stam.config import Settings
+
+__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "version"]
+
+# One module per command group; each adds its commands with register(subparsers). In this order (the order of
+# `stam --help`).
+GROUPS = (stack, worker, publish, query, serve, transitions, state, deadletters, erasure, demo, evaluate)
+
+
+def version() -> str:
+    """The installed package's version (importlib.metadata), else stam.__version__ when the package defines one."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("stam")
+    except metadata.PackageNotFoundError:
+        import stam
+
+        return str(getattr(stam, "__version__", "unknown"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stam", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version of stam and exit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from pydantic import ValidationError
+
+    from stam.errors import StackError
+    from stam.logs import configure
+
+    try:
+        configure(Settings(), logging.WARNING)
+    except ValidationError as exc:  # contradictory settings (e.g. SASL without a password): one line per error
+        for err in exc.errors():
+            print(f"stam: settings: {err['msg'].removeprefix('Value error, ')}", file=sys.stderr)
+        return 2
+    try:
+        return int(args.fn(args))
+    except StackError as exc:  # a stack process down, or one that cannot start: one line, no traceback
+        print(f"stam: {exc}", file=sys.stderr)
+        return 3

@@ -1,0 +1,66 @@
+"""What the command groups share: the settings (environment, then the running embedded stack), the query service,
+reports and tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from stam.config import Settings
+
+
+def load_settings() -> Settings:
+    """Settings from the environment, completed by the running embedded stack where env is silent."""
+    from stam import stack
+
+    base = Settings()
+    # The processes whose URL the environment does not give must run: a dead one is named, never replaced by
+    # a default address or a private store (StackError, one line).
+    needed = tuple(name for name, fld in (("s3", "broker_url"), ("broker", "broker_url"), ("redis", "redis_url"),
+                                          ("milvus", "milvus_uri")) if not os.environ.get(f"STAM_{fld.upper()}"))
+    info = stack.require(base.home, needed)
+    if info is None:
+        return base
+    overrides: dict[str, Any] = {}
+    for fld, value in (("broker_url", info.broker_url), ("redis_url", info.redis_url),
+                       ("milvus_uri", info.milvus_uri)):
+        if not os.environ.get(f"STAM_{fld.upper()}"):
+            overrides[fld] = value
+    return base.model_copy(update=overrides)
+
+
+def stack_env(settings: Settings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"STAM_BROKER_URL": settings.broker_url, "STAM_REDIS_URL": settings.redis_url,
+                "STAM_MILVUS_URI": settings.resolved_milvus_uri(), "STAM_HOME": str(settings.home)})
+    return env
+
+
+def query_service(settings: Settings) -> Any:
+    from workers.query import build_service
+    from workers.runtime import Runtime
+
+    return build_service(settings, Runtime(settings=settings, topics=None))  # type: ignore[arg-type]
+
+
+def one_line(text: str | None, width: int) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= width else flat[:width - 3] + "..."
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, str]]) -> str:
+    head = [title for _, title in columns]
+    body = [["" if r.get(key) is None else f"{r[key]:.3f}" if isinstance(r.get(key), float) else str(r[key])
+             for key, _ in columns] for r in rows]
+    widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in [head, *body])
+
+
+def emit_report(report: dict[str, Any], path: str | None) -> int:
+    """An eval report: to ``path`` when given, and to stdout."""
+    if path:
+        Path(path).write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+    return 0

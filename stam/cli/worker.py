@@ -1,0 +1,38 @@
+"""``stam worker``: the write-path stages (extract, link, impact, update) in one Faust process."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from stam.cli.common import load_settings
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.main import UnknownStage, parse_stages, run
+    from workers.ops import PortInUse
+
+    try:
+        stages = parse_stages(args.stages)
+    except UnknownStage as exc:
+        print(f"stam worker: {exc}", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
+    try:
+        run(settings, loglevel=args.loglevel, stages=stages)
+    except PortInUse as exc:
+        print(f"stam worker: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run the write-path workers (Faust)",
+                       description="Runs the write-path stages in one process (all four by default). Probes on "
+                       "STAM_WEB_HOST:STAM_WEB_PORT (GET /healthz, /readyz), metrics on "
+                       "STAM_METRICS_HOST:STAM_METRICS_PORT. A port already taken stops it with one line (exit 2).")
+    p.add_argument("--loglevel", default="info", help="debug, info, warning, error or critical (default: info)")
+    p.add_argument("--stages", default=None, help="comma-separated subset of extract,link,impact,update (default: "
+                   "all); give each stage group its own consumer group with STAM_APP_ID")
+    p.set_defaults(fn=cmd_worker)
