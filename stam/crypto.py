@@ -44,7 +44,7 @@ import redis
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from stam.errors import MessageFault, StamError
+from stam.errors import Erased, KeyConfigError, SealBroken
 
 log = logging.getLogger("stam.crypto")
 
@@ -56,18 +56,6 @@ _NONCE = 12
 OVERHEAD = _HEAD + _NONCE + 16
 """Bytes an envelope adds to its plaintext."""
 _TOMBSTONE = b""
-
-
-class Erased(StamError):
-    """The envelope's data key was shredded (``stam erase``): its content is gone, by design."""
-
-
-class SealBroken(MessageFault):
-    """An envelope that does not open under its patient's key (corrupted, truncated, or forged)."""
-
-
-class KeyConfigError(StamError):
-    """The master key file is missing (where it may not be created), unreadable or malformed."""
 
 
 def master_key_path(settings: Any) -> Path:

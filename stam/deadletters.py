@@ -31,7 +31,8 @@ from pydantic import BaseModel, ValidationError
 from schemas import DeadLetter, ExtractedEntry, ImpactedEntry, LinkedEntry, RecordEntry
 from schemas.query import RecordGap
 from stam.config import Settings
-from stam.crypto import Erased, SealBroken, Sealer, sealer_for
+from stam.crypto import Sealer, sealer_for
+from stam.errors import DeadLetterError, Erased, SealBroken
 from stam.stores.redis_state import RedisStateStore
 from topology import topics as t
 
@@ -45,10 +46,6 @@ STAGE_MODELS: dict[str, type[BaseModel]] = {
     t.ENTRIES.suffix: RecordEntry, t.EXTRACTED.suffix: ExtractedEntry, t.LINKED.suffix: LinkedEntry,
     t.IMPACTED.suffix: ImpactedEntry,
 }
-
-
-class DeadLetterError(Exception):
-    """An operator's request about dead letters that cannot be done as asked (one line for the CLI)."""
 
 
 def letter_id(partition: int, offset: int) -> str:
@@ -333,7 +330,8 @@ def signed(settings: Settings, plan: Replay, source_system: str | None) -> list[
     if plan.topic != t.ENTRIES.name(settings.topic_prefix):
         raise DeadLetterError("--source-system signs entries; this dead letter goes back to a stage topic, which "
                               "carries no signature")
-    from stam.integrity import SourceConfigError, source_keys
+    from stam.errors import SourceConfigError
+    from stam.integrity import source_keys
 
     try:
         return source_keys(settings).sign_headers(source_system, plan.value)

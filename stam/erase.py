@@ -70,12 +70,13 @@ class Crypto:
 
     def __init__(self, settings: Settings, client: redis.Redis) -> None:
         from stam import crypto
+        from stam.errors import KeyConfigError
 
         self.keystore: crypto.KeyStore | None = None
         self.reason = ""
         try:
             self.keystore = crypto.KeyStore(client, crypto.load_master_key(settings), prefix=settings.collection_prefix)
-        except crypto.KeyConfigError as exc:
+        except KeyConfigError as exc:
             self.reason = f"not covered (crypto-shredding unavailable: {exc})"
 
     @property
@@ -446,7 +447,7 @@ def _contents(value: bytes, sealer: Any, depth: int = 0) -> list[tuple[str, byte
     out = [("raw" if depth == 0 else "inner", value)]
     if sealer is None or depth > 2:
         return out
-    from stam.crypto import Erased, SealBroken
+    from stam.errors import Erased, SealBroken
 
     try:
         plain = sealer.open(value)

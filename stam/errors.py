@@ -1,8 +1,14 @@
-"""One base error; small classes per concern.
+"""Every error STAM raises on purpose, in one family.
 
-Workers dead-letter a :class:`MessageFault` (the message's fault) with its class name; any other exception
-inside a stage is either an outage (retried) or a bug (the partition stops and an alert metric rises), see
-``workers.common``.
+- :class:`MessageFault`: the input message itself cannot be handled. Workers dead-letter it with its class name
+  and the stream goes on.
+- :class:`Transient`: an outage or a race that retrying resolves. Workers hold the partition and retry.
+- Everything else under :class:`StamError` is a user's or operator's mistake (refused with one line on the
+  command line) or a configuration error (the process stops, saying what to fix).
+- Any other exception inside a stage is a bug: the partition stops and an alert metric rises, nothing is
+  dead-lettered silently (``workers.common.classify``).
+
+Define a new error here, never in the module that raises it.
 """
 
 
@@ -10,6 +16,11 @@ class StamError(Exception):
     """Base of every error STAM raises on purpose."""
 
 
+class Transient(StamError):
+    """Marker: an outage or a race, not the message's fault; the worker retries the message (with backoff)."""
+
+
+# --- the message's fault: dead-lettered ----------------------------------------------------------------------
 class MessageFault(StamError):
     """The input message itself cannot be handled (malformed, over a limit, refused by a store as a value):
     it is dead-lettered and the stream goes on. Stage and source code raise this family for bad input."""
@@ -36,31 +47,91 @@ class ReasoningError(MessageFault):
     """A reasoner could not produce a valid judgement for an entry."""
 
 
-class ConcurrentUpdate(StamError):
+class SignatureError(MessageFault):
+    """An entry whose source identity cannot be trusted (unsigned where signing is required, an unknown source,
+    a signature that does not verify). Dead-lettered by the extract stage with this text as the reason."""
+
+
+class EntryIdCollision(MessageFault):
+    """An entry whose id was already applied from another source system (or unsigned): dead-lettered, never
+    taken for a redelivery (memory ids derive from entry ids, so the first one to use an id would hide the
+    other's entry)."""
+
+
+class SealBroken(MessageFault):
+    """An envelope that does not open under its patient's key (corrupted, truncated, or forged)."""
+
+
+class LLMError(MessageFault):
+    """The endpoint refused the request (a 4xx other than 408/429) or answered something that is not a chat
+    completion: the request's fault, so the entry is dead-lettered."""
+
+
+# --- transient: retried ----------------------------------------------------------------------------------------
+class ConcurrentUpdate(Transient):
     """Another writer changed the patient state between read and commit (version mismatch)."""
 
 
-class StateRolledBack(StamError):
+class StateRolledBack(Transient):
     """The state store holds less than this worker (or the durable checkpoint) knows was written: it lost
     writes (a crash without an append-only file, a restore from an older backup, a failover). The write path
     stops applying and rebuilds the affected patients from the transition log first."""
 
 
+class LLMUnavailable(Transient, ConnectionError):
+    """The endpoint could not be reached or kept failing (timeouts, 429, 5xx) through the retry budget: an
+    outage, not the entry's fault, so the worker holds the partition and retries (``workers.common``)."""
+
+
+# --- a user's or operator's mistake, configuration, the stack ----------------------------------------------------
 class InputRefused(StamError):
     """A user's own mistake on the command line (a path that does not exist, an empty or non-clinical file):
     refused with one line before anything is sent; nothing is dead-lettered for a typo."""
+
+
+class DeadLetterError(StamError):
+    """An operator's request about dead letters that cannot be done as asked (one line for the CLI)."""
+
+
+class UnknownStage(StamError, ValueError):
+    """``stam worker --stages`` names a stage that does not exist."""
 
 
 class StackError(StamError):
     """The embedded stack could not start or reach one of its services."""
 
 
+class PortInUse(StamError):
+    """A port this process must listen on is taken (another worker on the same host, most often)."""
+
+
+class SourceConfigError(StamError):
+    """The configured source systems cannot be read (a user's configuration mistake)."""
+
+
+class TokenConfigError(StamError):
+    """The query token file cannot be used (a user's configuration mistake)."""
+
+
+class KeyConfigError(StamError):
+    """The master key file is missing (where it may not be created), unreadable or malformed."""
+
+
+class WeightsError(StamError):
+    """Parts missing, or a joined file of the wrong size or digest."""
+
+
+# --- the read side -----------------------------------------------------------------------------------------------
 class QueryError(StamError):
     """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""
 
 
 class UnsupportedQuery(QueryError):
     """A query this service cannot answer as asked (as_of_version where no transition log is configured)."""
+
+
+class Erased(StamError):
+    """The envelope's data key was shredded (``stam erase``): its content is gone, by design."""
 
 
 class IsolationBreach(StamError):

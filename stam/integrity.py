@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas import ENDING_ROLES, Archive, AtomicMemory, Reason, RecordEntry
-from stam.errors import MessageFault, StamError
+from stam.errors import SignatureError, SourceConfigError
 
 log = logging.getLogger("stam.integrity")
 
@@ -49,21 +49,6 @@ _DOMAIN = b"stam-entry-v1\n"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
 RESOURCE_ROLES = ENDING_ROLES
-
-
-class SignatureError(MessageFault):
-    """An entry whose source identity cannot be trusted (unsigned where signing is required, an unknown source,
-    a signature that does not verify). Dead-lettered by the extract stage with this text as the reason."""
-
-
-class EntryIdCollision(MessageFault):
-    """An entry whose id was already applied from another source system (or unsigned): dead-lettered, never
-    taken for a redelivery (memory ids derive from entry ids, so the first one to use an id would hide the
-    other's entry)."""
-
-
-class SourceConfigError(StamError):
-    """The configured source systems cannot be read (a user's configuration mistake)."""
 
 
 def valid_source_name(name: str) -> bool:

@@ -118,7 +118,8 @@ async def read_log(settings: Settings, sealer: Any = None,
     """Every transition on the transitions topic, per patient, in log order (opened: ``stam.crypto``; an erased
     patient's are unreadable by design and left out). ``unreadable``: filled with the count of transitions per
     pseudonym that do not open although not erased (their data key is missing from the key store)."""
-    from stam.crypto import Erased, SealBroken, Sealer, sealer_for
+    from stam.crypto import Sealer, sealer_for
+    from stam.errors import Erased, SealBroken
 
     sealer = sealer or sealer_for(settings)
     from aiokafka import TopicPartition

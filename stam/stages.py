@@ -37,9 +37,9 @@ from schemas import (
     TransitionKind,
 )
 from stam.embedding import Embedder
-from stam.errors import ConcurrentUpdate, ReasoningError
+from stam.errors import ConcurrentUpdate, EntryIdCollision, ReasoningError
 from stam.ids import transition_id
-from stam.integrity import EntryIdCollision, archive_refusal, stamp
+from stam.integrity import archive_refusal, stamp
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore

@@ -37,8 +37,8 @@ from pymilvus import exceptions as milvus_errors
 from pymilvus.exceptions import MilvusException
 
 from schemas.limits import BROKER_MESSAGE_BYTES
-from stam.crypto import Erased, Sealer
-from stam.errors import ConcurrentUpdate, MessageFault, MessageTooLarge, StateRolledBack
+from stam.crypto import Sealer
+from stam.errors import Erased, MessageFault, MessageTooLarge, Transient
 from stam.metrics import MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
 from stam.stages import Deps
 from workers.runtime import Runtime
@@ -49,7 +49,7 @@ In = TypeVar("In", bound=BaseModel)
 Out = TypeVar("Out")
 
 TRANSIENT: tuple[type[BaseException], ...] = (
-    redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError, ConcurrentUpdate, StateRolledBack,
+    redis.ConnectionError, redis.TimeoutError, ConnectionError, TimeoutError, Transient,
 )
 """Outages (a Milvus error is sorted by :func:`classify`, which looks at its code)."""
 MESSAGE_FAULTS: tuple[type[BaseException], ...] = (MessageFault, ValidationError)

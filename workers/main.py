@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import faust
 
 from stam.config import Settings
+from stam.errors import UnknownStage
 from stam.logs import faust_logging
 from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
@@ -29,10 +30,6 @@ log = logging.getLogger("stam.workers")
 
 STAGES = {"extract": extract, "link": link, "impact": impact, "update": update}
 """The write path's stages, in the order entries flow through them."""
-
-
-class UnknownStage(ValueError):
-    pass
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:

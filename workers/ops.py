@@ -29,15 +29,11 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from stam.config import Settings
-from stam.errors import StamError
+from stam.errors import PortInUse
 from stam.metrics import BACKGROUND_FAILURES, CONSUMER_LAG, READY
 from stam.transport import kafka_client_kwargs, milvus_token, redis_kwargs
 
 log = logging.getLogger("stam.ops")
-
-
-class PortInUse(StamError):
-    """A port this process must listen on is taken (another worker on the same host, most often)."""
 
 
 def claim_port(host: str, port: int, variable: str) -> None:

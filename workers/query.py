@@ -36,7 +36,7 @@ from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.config import Settings
-from stam.crypto import Erased, SealBroken
+from stam.errors import Erased, SealBroken
 from stam.logs import faust_logging
 from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of

@@ -43,8 +43,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
     from tqdm import tqdm
 
-    from stam.errors import InputRefused
-    from stam.integrity import SourceConfigError, source_keys
+    from stam.errors import InputRefused, SourceConfigError
+    from stam.integrity import source_keys
     from stam.publish import PublishSummary, publish_paths, report
 
     settings = load_settings()

@@ -15,7 +15,7 @@ from stam.cli.common import load_settings, query_service
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
-    from workers.ops import PortInUse
+    from stam.errors import PortInUse
     from workers.query import run
 
     settings = load_settings()
@@ -29,7 +29,8 @@ def cmd_query_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from stam.read.scopes import TokenConfigError, new_token
+    from stam.errors import TokenConfigError
+    from stam.read.scopes import new_token
 
     settings = load_settings()
     path = Path(args.file) if args.file else settings.query_tokens_file or settings.home / "query-tokens.json"

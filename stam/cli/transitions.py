@@ -31,7 +31,8 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
     Sealed values are opened; those of erased patients are skipped."""
     from aiokafka import AIOKafkaConsumer
 
-    from stam.crypto import Erased, SealBroken, sealer_for
+    from stam.crypto import sealer_for
+    from stam.errors import Erased, SealBroken
     from topology import topics as t
     from topology.admin import kafka_client_kwargs
 

@@ -9,8 +9,8 @@ from stam.cli.common import load_settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.main import UnknownStage, parse_stages, run
-    from workers.ops import PortInUse
+    from stam.errors import PortInUse, UnknownStage
+    from workers.main import parse_stages, run
 
     try:
         stages = parse_stages(args.stages)

@@ -22,21 +22,11 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from stam.errors import MessageFault
+from stam.errors import LLMError, LLMUnavailable
 from stam.metrics import LLM_SECONDS
 
 LLM_CALLS = Counter("stam_llm_calls_total", "Language-model calls by outcome", ["outcome"])
 LLM_TOKENS = Counter("stam_llm_tokens_total", "Language-model tokens by kind (prompt, completion)", ["kind"])
-
-
-class LLMError(MessageFault):
-    """The endpoint refused the request (a 4xx other than 408/429) or answered something that is not a chat
-    completion: the request's fault, so the entry is dead-lettered."""
-
-
-class LLMUnavailable(ConnectionError):
-    """The endpoint could not be reached or kept failing (timeouts, 429, 5xx) through the retry budget: an
-    outage, not the entry's fault, so the worker holds the partition and retries (``workers.common``)."""
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from stam.errors import StamError
-
-
-class WeightsError(StamError):
-    """Parts missing, or a joined file of the wrong size or digest."""
+from stam.errors import WeightsError
 
 
 @dataclass(frozen=True)

@@ -104,7 +104,8 @@ async def read_patient_transitions(settings: Settings, patient_id: str, sealer: 
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.partitioner import DefaultPartitioner
 
-    from stam.crypto import Erased, sealer_for
+    from stam.crypto import sealer_for
+    from stam.errors import Erased
     from topology import topics as t
     from topology.admin import kafka_client_kwargs, read_to_end
 

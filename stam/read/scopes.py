@@ -34,15 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from schemas.query import QueryAnswer, QueryRequest
-from stam.errors import StamError
+from stam.errors import TokenConfigError
 
 CLINICIAN = "clinician"
 SERVICE_PREFIX = "service:"
 NOT_FOUND_MESSAGE = "no memory for this patient that this token may read"
-
-
-class TokenConfigError(StamError):
-    """The query token file cannot be used (a user's configuration mistake)."""
 
 
 @dataclass(frozen=True)

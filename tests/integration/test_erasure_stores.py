@@ -143,7 +143,8 @@ def test_files_lines_removed_and_logs_redacted(tmp_path: Path) -> None:
 
 
 def test_crypto_adapter_shreds_with_the_deployments_key_store(client: Any, tmp_path: Path) -> None:
-    from stam.crypto import Erased, sealer_for
+    from stam.crypto import sealer_for
+    from stam.errors import Erased
 
     settings = Settings(home=tmp_path)
     sealer = sealer_for(settings, client)

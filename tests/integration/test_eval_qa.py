@@ -23,9 +23,9 @@ def run(tmp_path_factory: Any, embedder: Any) -> tuple[dict[str, Any], list[Any]
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
     pytest.importorskip("llama_cpp", reason="the llm extra is not installed (make setup installs it)")
+    from stam.errors import WeightsError
     from stam.eval.mimic_qa import build_questions
     from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
-    from stam.llm.weights import WeightsError
     from stam.read.reader import LocalReader
 
     try:

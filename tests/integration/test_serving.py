@@ -22,7 +22,8 @@ NOTE_ID = "0061f2c3-da54-f173-8dd4-84aec491b624"  # "# Medications: nitrofuranto
 def served() -> Any:
     pytest.importorskip("llama_cpp", reason="the llm extra is not installed (make setup installs it)")
     pytest.importorskip("ray.serve")
-    from stam.llm.weights import WeightsError, ensure_gguf
+    from stam.errors import WeightsError
+    from stam.llm.weights import ensure_gguf
 
     try:
         ensure_gguf("qwen2.5-coder-0.5b-instruct-q4_k_m")

@@ -331,7 +331,7 @@ def test_an_entry_id_taken_by_another_source_is_refused_not_taken_for_a_redelive
                                                                                    small_bundle: Any) -> None:
     """Memory ids derive from entry ids: a forged entry that takes a signed source's entry id first must not make
     the real entry look like a redelivery (it would be silently dropped)."""
-    from stam.integrity import EntryIdCollision
+    from stam.errors import EntryIdCollision
     from stam.stages import extract_signed_batch
 
     entry = next(e for e in small_bundle.entries if e.resource_type == "Condition")

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from schemas import AtomicMemory, Category, Channel, Coding, RecordEntry, Store, StoredMemory
-from stam.errors import ReasoningError
-from stam.llm.client import ChatResult, LLMUnavailable
+from stam.errors import LLMUnavailable, ReasoningError
+from stam.llm.client import ChatResult
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.reasoning.coded import CodedReasoner
 from stam.reasoning.model import ModelReasoner, find_span, grounded

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from schemas.query import QueryRequest
-from stam.read.scopes import TokenConfigError, concealed_not_found, load_token_scopes, new_token, token_hash
+from stam.errors import TokenConfigError
+from stam.read.scopes import concealed_not_found, load_token_scopes, new_token, token_hash
 
 
 def test_tokens_authenticate_to_their_scope(tmp_path: Path) -> None:

@@ -189,7 +189,8 @@ def test_cli_settings_errors_are_one_line(tmp_path: Path) -> None:
 # --- stages ---------------------------------------------------------------------------------------------
 
 def test_stages_parsing() -> None:
-    from workers.main import UnknownStage, parse_stages
+    from stam.errors import UnknownStage
+    from workers.main import parse_stages
 
     assert parse_stages(None) == parse_stages("") == parse_stages("all") == ("extract", "link", "impact", "update")
     assert parse_stages("update, extract") == ("extract", "update")  # pipeline order, spaces ignored
@@ -234,7 +235,8 @@ def test_web_binds_to_the_configured_host() -> None:
 # --- ports ----------------------------------------------------------------------------------------------
 
 def test_a_taken_port_is_one_line(tmp_path: Path) -> None:
-    from workers.ops import PortInUse, claim_port
+    from stam.errors import PortInUse
+    from workers.ops import claim_port
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from stam.errors import WeightsError
 from stam.llm.client import LLMClient
-from stam.llm.weights import MODELS, WeightsError, ensure_gguf
+from stam.llm.weights import MODELS, ensure_gguf
 from stam.serving.config import Autoscaling, LlamaCppEngine, ServingConfig, VllmEngine, vllm_llm_config_kwargs
 
 
