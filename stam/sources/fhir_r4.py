@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from schemas import Coding, Quantity, RecordEntry, Reference
 from stam.errors import SourceError
 from stam.ids import digest
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
 
 SOURCE = "fhir-r4"
 
@@ -127,10 +128,10 @@ def _dosage(r: dict[str, Any]) -> str | None:
 
 
 @dataclass
-class BundleResult:
-    patient_id: str | None
-    entries: list[RecordEntry] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+class BundleResult(SourceResult):
+    """Entries of one bundle (a bundle that cannot be read raises instead: nothing in ``bad``)."""
+
+    patient_id: str | None = None
 
 
 def validate_bundle(raw: dict[str, Any]) -> None:
@@ -355,3 +356,29 @@ def iter_bundle_files(paths: Iterable[str | Path]) -> Iterator[Path]:
             yield from sorted(x for x in p.glob("*.json"))
         else:
             yield p
+
+
+def load_bundles(paths: Iterable[str | Path]) -> Iterator[SourceResult]:
+    """One result per bundle file; a file that is no readable bundle is one bad input with its bytes and the
+    reason, and the next file goes on."""
+    for path in iter_bundle_files(paths):
+        try:
+            result: SourceResult = load_bundle(path)
+        except SourceError as exc:
+            raw = Path(path).read_bytes() if Path(path).is_file() else b""
+            result = SourceResult(bad=[BadInput(Path(path).name, raw, type(exc).__name__, str(exc), file=str(path),
+                                                byte_offset=0)])
+        yield result
+
+
+def _detects(path: Path, head: bytes) -> bool:
+    return folder_has(path, "*.json") if path.is_dir() else path.suffix == ".json"
+
+
+def _load(paths: list[Path], options: LoadOptions) -> Iterator[SourceResult]:
+    return load_bundles(paths)
+
+
+FORMAT = SourceFormat(name="fhir-bundle", detects=_detects, load=_load, label="a FHIR JSON bundle",
+                      suffixes=(".json",), signatures=(b"{", b"["), source=SOURCE)
+"""FHIR R4 bundles: ``.json`` files, or folders of them; also what no other format claims (``base.FALLBACK``)."""

@@ -41,7 +41,7 @@ Rules (documented here because the publisher and the reasoner rely on them):
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -55,7 +55,7 @@ from pydantic import ValidationError
 from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference
 from stam.errors import SourceError
 from stam.ids import digest
-from stam.sources.fhir_ndjson import BadInput
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
 from stam.sources.fhir_r4 import sort_clinically
 
 SOURCE = "hl7v2"
@@ -66,13 +66,14 @@ _FAULTS: tuple[type[Exception], ...] = (ParseException, ValueError, TypeError, K
 
 
 @dataclass
-class Hl7Result:
-    entries: list[RecordEntry] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
-    """Segments of mapped messages left out on purpose, by reason."""
-    bad: list[BadInput] = field(default_factory=list)
+class Hl7Result(SourceResult):
+    """Entries of HL7 v2 messages; ``skipped``: segments of mapped messages left out on purpose, by reason."""
+
     by_type: dict[str, dict[str, int]] = field(default_factory=dict)
     """Message type (``ORU^R01``) -> ``messages``, ``mapped``, ``entries``, ``bad``."""
+
+    def detail(self) -> dict[str, Any]:
+        return {"message_types": self.by_type}
 
 
 class _Hl7Error(SourceError):
@@ -1115,4 +1116,20 @@ def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
     return result
 
 
-__all__ = ["Hl7Result", "hl7_files", "load_hl7", "parse_dtm", "parse_message", "split_messages"]
+def _detects(path: Path, head: bytes) -> bool:
+    if path.is_dir():
+        return folder_has(path, "*.hl7")
+    return path.suffix in (".hl7", ".hl7v2") or head.startswith(b"MSH")
+
+
+def _load(paths: list[Path], options: LoadOptions) -> Iterator[SourceResult]:
+    yield load_hl7(paths)
+
+
+FORMAT = SourceFormat(name="hl7v2", detects=_detects, load=_load, label="HL7 v2", suffixes=(".hl7", ".hl7v2", ".txt"),
+                      signatures=(b"MSH",))
+"""HL7 v2: ``.hl7``/``.hl7v2`` files or a file starting with ``MSH``, or folders holding ``.hl7`` files (a
+folder's ``.txt`` files are read too)."""
+
+
+__all__ = ["FORMAT", "Hl7Result", "hl7_files", "load_hl7", "parse_dtm", "parse_message", "split_messages"]
