@@ -26,9 +26,7 @@ from stam.deadletters import subject
 from stam.errors import InputRefused, MessageTooLarge, SourceError
 from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
-from stam.sources.fhir_ndjson import BadInput, load_ndjson
-from stam.sources.fhir_r4 import iter_bundle_files, load_bundle
-from stam.sources.mimic import MimicResult, is_mimic_root, iter_mimic
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, detect, format_names, formats
 from topology import topics as t
 from topology.admin import ensure_topics, kafka_client_kwargs
 
@@ -160,29 +158,15 @@ class Publisher:
                                line=bad.line, byte_offset=bad.byte_offset)
 
 
-FORMATS = ("auto", "fhir-bundle", "fhir-ndjson", "hl7v2", "mimic-iv")
+FORMATS = ("auto", *format_names())
+"""The ``--format`` choices: ``auto`` (detected per path), then the registered formats (``stam.sources.base``)."""
 
 
 def detect_format(path: Path) -> str:
-    """``mimic-iv`` for a MIMIC-IV folder (hosp/, icu/), ``fhir-ndjson`` for .ndjson files or folders holding
-    them, ``hl7v2`` for .hl7 files or folders holding them (or a file starting with ``MSH``), else
-    ``fhir-bundle``."""
-    if path.is_dir():
-        if is_mimic_root(path):
-            return "mimic-iv"
-        if any(path.glob("*.ndjson")):
-            return "fhir-ndjson"
-        return "hl7v2" if any(path.glob("*.hl7")) else "fhir-bundle"
-    if path.suffix == ".ndjson":
-        return "fhir-ndjson"
-    if path.suffix in (".hl7", ".hl7v2"):
-        return "hl7v2"
-    try:
-        with path.open("rb") as fh:
-            head = fh.read(3)
-    except OSError:
-        return "fhir-bundle"
-    return "hl7v2" if head == b"MSH" else "fhir-bundle"
+    """The name of the first registered format that claims an existing path (in order: ``mimic-iv`` for a
+    MIMIC-IV folder (hosp/), ``fhir-ndjson`` for .ndjson files or folders holding them, ``hl7v2`` for .hl7
+    files or folders holding them, or a file starting with ``MSH``), else ``fhir-bundle``."""
+    return detect(path).name
 
 
 async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt: str = "auto",
@@ -196,60 +180,69 @@ async def publish_paths(settings: Settings, paths: Iterable[str | Path], *, fmt:
     ``subjects`` and ``tables`` select MIMIC-IV patients and tables (ignored by other formats). A path that
     does not exist, an empty file or a file that is no clinical input at all is refused first
     (:func:`check_paths`, ``InputRefused``), before anything is sent. ``summary`` (made when not given) is
-    filled as entries are sent, so a caller interrupted midway knows how many were.
+    filled as entries are sent, so a caller interrupted midway knows how many were. Formats are published
+    one after the other, in registry order.
     """
     summary = summary if summary is not None else PublishSummary()
     started = time.monotonic()
     groups: dict[str, list[Path]] = {}
     for p in map(Path, paths):
         groups.setdefault(detect_format(p) if fmt == "auto" and p.exists() else fmt, []).append(p)
-    unknown = set(groups) - set(FORMATS)
+    known = format_names()
+    unknown = set(groups) - {"auto", *known}
     if unknown:
-        raise SourceError(f"unknown format {sorted(unknown)}; known: {', '.join(FORMATS[1:])}")
+        raise SourceError(f"unknown format {sorted(unknown)}; known: {', '.join(known)}")
     check_paths([p for ps in groups.values() for p in ps])
+    options = LoadOptions(subjects=tuple(map(str, subjects)) if subjects is not None else None,
+                          tables=tuple(tables) if tables is not None else None)
     async with Publisher(settings, source_system=source_system) as pub:
-        if "fhir-ndjson" in groups:
-            result = load_ndjson(groups["fhir-ndjson"])
-            for bad in result.bad:
-                await pub.dead_letter_bad(bad, "fhir-ndjson", summary)
-            _skipped(summary, "fhir-ndjson", result.skipped)
-            await pub.send_entries(result.entries, summary, rate=rate, progress=progress)
-        if "hl7v2" in groups:
-            from stam.sources.hl7v2 import load_hl7
-
-            hl7 = load_hl7(groups["hl7v2"])
-            for bad in hl7.bad:
-                await pub.dead_letter_bad(bad, "hl7v2", summary)
-            _skipped(summary, "hl7v2", hl7.skipped)
-            summary.source("hl7v2")["message_types"] = hl7.by_type
-            await pub.send_entries(hl7.entries, summary, rate=rate, progress=progress)
-        for root in groups.get("mimic-iv", []):
-            mimic = MimicResult()
-            for entries in iter_mimic(root, subjects=subjects, tables=tables, result=mimic):
-                await pub.send_entries(entries, summary, rate=rate, progress=progress)
-            for bad in mimic.bad:
-                await pub.dead_letter_bad(bad, "mimic-iv", summary)
-            summary.source("mimic-iv")["tables"] = mimic.counts()
-        await _publish_bundles(pub, groups.get("fhir-bundle", []), summary, rate=rate, progress=progress)
+        for source_format in formats():
+            if source_format.name not in groups:
+                continue
+            for result in source_format.load(groups[source_format.name], options):
+                await _publish_result(pub, result, source_format, summary, rate=rate, progress=progress)
     summary.seconds = time.monotonic() - started
     return summary
 
 
+async def _publish_result(pub: Publisher, result: SourceResult, source_format: SourceFormat,
+                          summary: PublishSummary, *, rate: float | None,
+                          progress: Callable[[int], None] | None) -> None:
+    """One batch of a source: its bad inputs dead-lettered, its skips counted, its own detail added to the
+    summary (under the format's source name), then its entries sent."""
+    source = source_format.source_name
+    for bad in result.bad:
+        await pub.dead_letter_bad(bad, source, summary)
+    _skipped(summary, source, result.skipped)
+    summary.source(source).update(result.detail())
+    await pub.send_entries(result.entries, summary, rate=rate, progress=progress)
+
+
 _BINARY = (b"\x89PNG", b"\xff\xd8\xff", b"GIF8", b"%PDF", b"PK\x03\x04", b"\x1f\x8b", b"BM", b"\x7fELF")
-_CLINICAL_SUFFIXES = (".json", ".ndjson", ".hl7", ".hl7v2", ".txt")
+
+
+def _or(items: list[str]) -> str:
+    return ", ".join(items[:-1]) + f" or {items[-1]}" if len(items) > 1 else "".join(items)
 
 
 def check_paths(paths: Iterable[Path]) -> None:
     """Refuse a user's own mistakes before anything is sent: a path that does not exist, an empty file, a
     folder with nothing to publish, a file that is no clinical input (an image, an archive, a README: a
-    file without a .json/.ndjson/.hl7 suffix that does not start like JSON or HL7). Malformed clinical
-    input (bad JSON, wrong shape) is not refused here: it is dead-lettered with its reason."""
+    file without a suffix of a registered format (.json/.ndjson/.hl7...) that does not start like one: JSON,
+    HL7). Malformed clinical input (bad JSON, wrong shape) is not refused here: it is dead-lettered with its
+    reason."""
+    registered = formats()
+    by_name = sorted(registered, key=lambda f: f.name)
+    suffixes = {s for f in registered for s in f.suffixes}
+    signatures = tuple(s for f in registered for s in f.signatures)
     for p in paths:
         if not p.exists():
             raise InputRefused(f"{p}: no such file or folder")
         if p.is_dir():
-            if not (is_mimic_root(p) or any(f.suffix in _CLINICAL_SUFFIXES for f in p.iterdir())):
-                raise InputRefused(f"{p}: folder holds no .json, .ndjson or .hl7 files (nor a MIMIC-IV hosp/)")
+            if not (any(f.detects(p, b"") for f in registered) or any(f.suffix in suffixes for f in p.iterdir())):
+                folders = [f.label for f in by_name if not f.suffixes]
+                raise InputRefused(f"{p}: folder holds no {_or([f.suffixes[0] for f in by_name if f.suffixes])} files"
+                                   + (f" (nor {_or(folders)})" if folders else ""))
             continue
         with p.open("rb") as fh:
             head = fh.read(512)
@@ -258,8 +251,8 @@ def check_paths(paths: Iterable[Path]) -> None:
         if head.startswith(_BINARY):
             raise InputRefused(f"{p}: not clinical input (a binary file: image, archive or executable)")
         start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-        if p.suffix.lower() not in _CLINICAL_SUFFIXES and not start.startswith((b"{", b"[", b"MSH")):
-            raise InputRefused(f"{p}: not clinical input (expected a FHIR JSON bundle, FHIR NDJSON or HL7 v2)")
+        if p.suffix.lower() not in suffixes and not start.startswith(signatures):
+            raise InputRefused(f"{p}: not clinical input (expected {_or([f.label for f in by_name if f.suffixes])})")
 
 
 def _skipped(summary: PublishSummary, source: str, skipped: dict[str, int]) -> None:
@@ -272,19 +265,6 @@ def _skipped(summary: PublishSummary, source: str, skipped: dict[str, int]) -> N
 async def publish_bundles(settings: Settings, paths: Iterable[str | Path], *, rate: float | None = None,
                           progress: Callable[[int], None] | None = None) -> PublishSummary:
     return await publish_paths(settings, paths, fmt="fhir-bundle", rate=rate, progress=progress)
-
-
-async def _publish_bundles(pub: Publisher, paths: Iterable[Path], summary: PublishSummary, *,
-                           rate: float | None, progress: Callable[[int], None] | None) -> None:
-    for path in iter_bundle_files(paths):
-        try:
-            result = load_bundle(path)
-        except SourceError as exc:
-            await pub.dead_letter(Path(path).read_bytes() if Path(path).is_file() else b"", "fhir-r4", exc,
-                                  summary, where=Path(path).name, file=str(path), byte_offset=0)
-            continue
-        _skipped(summary, "fhir-r4", result.skipped)
-        await pub.send_entries(result.entries, summary, rate=rate, progress=progress)
 
 
 def report(settings: Settings, summary: PublishSummary, outcome: str, *, log_line: bool = True) -> None:

@@ -9,15 +9,16 @@ encounter carry its reason codes, as in bundles.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import Coding, RecordEntry
+from schemas import Coding
 from stam.errors import SourceError
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
 from stam.sources.fhir_r4 import (
     CLINICAL_TYPES,
     LIBRARY_FAULTS,
@@ -27,25 +28,9 @@ from stam.sources.fhir_r4 import (
 )
 
 
-@dataclass(frozen=True)
-class BadInput:
-    """One unit of input that could not become an entry, kept whole for the dead-letter topic."""
-
-    source: str
-    raw: bytes
-    error_type: str
-    error: str
-    file: str | None = None
-    """Pointer to the whole input: the file, and the line (1-based) or byte offset of ``raw`` in it."""
-    line: int | None = None
-    byte_offset: int | None = None
-
-
 @dataclass
-class NdjsonResult:
-    entries: list[RecordEntry] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
-    bad: list[BadInput] = field(default_factory=list)
+class NdjsonResult(SourceResult):
+    """Entries of NDJSON files; ``skipped`` by resource type, ``bad`` one per line that is not a resource."""
 
 
 ENTRY_FAULTS: tuple[type[Exception], ...] = (SourceError, ValidationError, RecursionError, *LIBRARY_FAULTS)
@@ -118,6 +103,19 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     result.entries.append(entry)
     sort_clinically(result.entries)
     return result
+
+
+def _detects(path: Path, head: bytes) -> bool:
+    return folder_has(path, "*.ndjson") if path.is_dir() else path.suffix == ".ndjson"
+
+
+def _load(paths: list[Path], options: LoadOptions) -> Iterator[SourceResult]:
+    yield load_ndjson(paths)
+
+
+FORMAT = SourceFormat(name="fhir-ndjson", detects=_detects, load=_load, label="FHIR NDJSON", suffixes=(".ndjson",),
+                      signatures=(b"{",))
+"""FHIR bulk-export NDJSON: ``.ndjson`` files, or folders holding them."""
 
 
 def started_at(resource: dict[str, Any]) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -24,19 +24,13 @@ from pydantic import ValidationError
 from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
 
 SOURCE = "fhir-r4"
 
 # What fhir.resources (and our mapping of a validated resource) can raise on a malformed input besides
 # pydantic's ValidationError; the sources turn all of them into SourceError.
 LIBRARY_FAULTS: tuple[type[Exception], ...] = (TypeError, KeyError, ValueError, AttributeError, IndexError)
-
-CLINICAL_TYPES = frozenset({
-    "Condition", "MedicationRequest", "MedicationStatement", "MedicationAdministration", "Observation",
-    "Procedure", "Immunization", "Encounter", "AllergyIntolerance", "CarePlan", "DiagnosticReport",
-    "ServiceRequest", "DocumentReference",
-})
-
 
 def parse_time(value: str | None) -> datetime | None:
     """FHIR dateTime/date/instant -> aware datetime (dates and zoneless times are taken as UTC)."""
@@ -127,10 +121,10 @@ def _dosage(r: dict[str, Any]) -> str | None:
 
 
 @dataclass
-class BundleResult:
-    patient_id: str | None
-    entries: list[RecordEntry] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+class BundleResult(SourceResult):
+    """Entries of one bundle (a bundle that cannot be read raises instead: nothing in ``bad``)."""
+
+    patient_id: str | None = None
 
 
 def validate_bundle(raw: dict[str, Any]) -> None:
@@ -200,129 +194,180 @@ def sort_clinically(entries: list[RecordEntry]) -> None:
     entries.sort(key=lambda e: e.effective_at or e.recorded_at or _EPOCH)
 
 
+@dataclass
+class _Mapped:
+    """What a resource handler reads off one resource; :func:`resource_to_entry` makes the entry of it."""
+
+    urls: dict[str, str]
+    codes: list[Coding] = field(default_factory=list)
+    start: datetime | None = None
+    end: datetime | None = None
+    recorded: datetime | None = None
+    status: str | None = None
+    value: Quantity | None = None
+    components: list[tuple[Coding, Quantity]] = field(default_factory=list)
+    dosage: str | None = None
+    text: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+    refs: list[Reference] = field(default_factory=list)
+
+    def add_refs(self, role: ReferenceRole, items: list[dict[str, Any]] | None) -> None:
+        for item in items or []:
+            target = _canonical_ref(item.get("reference"), self.urls)
+            if target:
+                self.refs.append(Reference(role=role, target=target))
+
+
+def _condition(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    m.start, m.end = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
+    m.recorded = parse_time(r.get("recordedDate"))
+    m.status = _status_code(r.get("clinicalStatus"))
+    if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+        m.status = _status_code(r.get("verificationStatus"))
+
+
+def _medication(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("medicationCodeableConcept"))
+    m.start = parse_time(r.get("authoredOn") or r.get("effectiveDateTime")
+                         or (r.get("effectivePeriod") or {}).get("start"))
+    m.end = parse_time((r.get("effectivePeriod") or {}).get("end"))
+    m.recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
+    m.dosage = _dosage(r)
+    m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+    m.add_refs(ReferenceRole.REPLACES, [r["priorPrescription"]] if r.get("priorPrescription") else [])
+
+
+def _observation(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    m.start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
+    m.recorded = parse_time(r.get("issued"))
+    m.value = _quantity(r)
+    for comp in r.get("component", []):
+        cc = _codings(comp.get("code"))
+        q = _quantity(comp)
+        if cc and q:
+            m.components.append((cc[0], q))
+    m.add_refs(ReferenceRole.HAS_MEMBER, r.get("hasMember"))
+
+
+def _procedure(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    period = r.get("performedPeriod") or {}
+    m.start = parse_time(r.get("performedDateTime") or period.get("start"))
+    m.end = parse_time(period.get("end"))
+    m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+
+
+def _immunization(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("vaccineCode"))
+    m.start = parse_time(r.get("occurrenceDateTime"))
+    m.recorded = parse_time(r.get("recorded"))
+
+
+def _encounter(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _first_codings(r.get("type"))
+    period = r.get("period") or {}
+    m.start, m.end = parse_time(period.get("start")), parse_time(period.get("end"))
+    m.refs.extend(Reference(role=ReferenceRole.REASON, target=f"concept:{c.system}|{c.code}")
+                  for c in _first_codings(r.get("reasonCode")))
+    m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+
+
+def _allergy(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    m.start = parse_time(r.get("onsetDateTime") or r.get("recordedDate"))
+    m.recorded = parse_time(r.get("recordedDate"))
+    m.status = _status_code(r.get("clinicalStatus"))
+    if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+        m.status = _status_code(r.get("verificationStatus"))
+
+
+def _care_plan(r: dict[str, Any], m: _Mapped) -> None:
+    # Synthea puts the generic "assess-plan" category first; the specific plan code follows it.
+    categories = r.get("category") or []
+    m.codes = _first_codings(categories[1:] if len(categories) > 1 else categories)
+    period = r.get("period") or {}
+    m.start, m.end = parse_time(period.get("start")), parse_time(period.get("end"))
+    m.add_refs(ReferenceRole.ADDRESSES, r.get("addresses"))
+
+
+def _diagnostic_report(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    m.start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
+    m.recorded = parse_time(r.get("issued"))
+    m.add_refs(ReferenceRole.HAS_MEMBER, r.get("result"))
+    m.text = _attachments_text(r.get("presentedForm") or [])
+
+
+def _service_request(r: dict[str, Any], m: _Mapped) -> None:
+    m.codes = _codings(r.get("code"))
+    m.start = parse_time(r.get("occurrenceDateTime") or (r.get("occurrencePeriod") or {}).get("start")
+                         or r.get("authoredOn"))
+    m.recorded = parse_time(r.get("authoredOn"))
+    m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
+    m.add_refs(ReferenceRole.REPLACES, r.get("replaces"))
+
+
+def _document_reference(r: dict[str, Any], m: _Mapped) -> None:
+    # A clinical note: its text is the entry (for the extractor); the document type is metadata, not a
+    # clinical concept of the patient, so it is not sent as a code.
+    m.text = _attachments_text([c.get("attachment") or {} for c in r.get("content", [])])
+    context = r.get("context") or {}
+    m.start = parse_time((context.get("period") or {}).get("start") or r.get("date"))
+    m.recorded = parse_time(r.get("date"))
+    doc_type = _codings(r.get("type"))
+    if doc_type:
+        m.attributes["document_type"] = doc_type[0].display or doc_type[0].code
+
+
+HANDLERS: dict[str, Callable[[dict[str, Any], _Mapped], None]] = {
+    "Condition": _condition,
+    "MedicationRequest": _medication, "MedicationStatement": _medication, "MedicationAdministration": _medication,
+    "Observation": _observation,
+    "Procedure": _procedure,
+    "Immunization": _immunization,
+    "Encounter": _encounter,
+    "AllergyIntolerance": _allergy,
+    "CarePlan": _care_plan,
+    "DiagnosticReport": _diagnostic_report,
+    "ServiceRequest": _service_request,
+    "DocumentReference": _document_reference,
+}
+"""Resource type -> the handler that reads its codes, times, status, value and references. A resource type
+with no handler is no clinical entry (counted as skipped); to map a new one, add its handler here."""
+
+CLINICAL_TYPES = frozenset(HANDLERS)
+
+
 def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] | None = None,
                       encounter_reasons: dict[str, list[Coding]] | None = None) -> RecordEntry | None:
     """One FHIR R4 resource -> one record entry (None when it carries no clinical concept)."""
-    urls = urls or {}
     rtype = r["resourceType"]
-    codes: list[Coding] = []
-    start = end = recorded = None
-    status = r.get("status")
-    value = None
-    components: list[tuple[Coding, Quantity]] = []
-    dosage = None
-    text: str | None = None
-    attributes: dict[str, Any] = {}
-    refs: list[Reference] = []
-
-    def add_refs(role: ReferenceRole, items: list[dict[str, Any]] | None) -> None:
-        for item in items or []:
-            target = _canonical_ref(item.get("reference"), urls)
-            if target:
-                refs.append(Reference(role=role, target=target))
-
-    if rtype == "Condition":
-        codes = _codings(r.get("code"))
-        start, end = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
-        recorded = parse_time(r.get("recordedDate"))
-        status = _status_code(r.get("clinicalStatus"))
-        if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
-            status = _status_code(r.get("verificationStatus"))
-    elif rtype in ("MedicationRequest", "MedicationStatement", "MedicationAdministration"):
-        codes = _codings(r.get("medicationCodeableConcept"))
-        start = parse_time(r.get("authoredOn") or r.get("effectiveDateTime")
-                           or (r.get("effectivePeriod") or {}).get("start"))
-        end = parse_time((r.get("effectivePeriod") or {}).get("end"))
-        recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
-        dosage = _dosage(r)
-        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
-        add_refs(ReferenceRole.REPLACES, [r["priorPrescription"]] if r.get("priorPrescription") else [])
-    elif rtype == "Observation":
-        codes = _codings(r.get("code"))
-        start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
-        recorded = parse_time(r.get("issued"))
-        value = _quantity(r)
-        for comp in r.get("component", []):
-            cc = _codings(comp.get("code"))
-            q = _quantity(comp)
-            if cc and q:
-                components.append((cc[0], q))
-    elif rtype == "Procedure":
-        codes = _codings(r.get("code"))
-        period = r.get("performedPeriod") or {}
-        start = parse_time(r.get("performedDateTime") or period.get("start"))
-        end = parse_time(period.get("end"))
-        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
-    elif rtype == "Immunization":
-        codes = _codings(r.get("vaccineCode"))
-        start = parse_time(r.get("occurrenceDateTime"))
-        recorded = parse_time(r.get("recorded"))
-    elif rtype == "Encounter":
-        codes = _first_codings(r.get("type"))
-        period = r.get("period") or {}
-        start, end = parse_time(period.get("start")), parse_time(period.get("end"))
-        refs.extend(Reference(role=ReferenceRole.REASON, target=f"concept:{c.system}|{c.code}")
-                    for c in _first_codings(r.get("reasonCode")))
-        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
-    elif rtype == "AllergyIntolerance":
-        codes = _codings(r.get("code"))
-        start = parse_time(r.get("onsetDateTime") or r.get("recordedDate"))
-        recorded = parse_time(r.get("recordedDate"))
-        status = _status_code(r.get("clinicalStatus"))
-        if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
-            status = _status_code(r.get("verificationStatus"))
-    elif rtype == "CarePlan":
-        # Synthea puts the generic "assess-plan" category first; the specific plan code follows it.
-        categories = r.get("category") or []
-        codes = _first_codings(categories[1:] if len(categories) > 1 else categories)
-        period = r.get("period") or {}
-        start, end = parse_time(period.get("start")), parse_time(period.get("end"))
-        add_refs(ReferenceRole.ADDRESSES, r.get("addresses"))
-    elif rtype == "DiagnosticReport":
-        codes = _codings(r.get("code"))
-        start = parse_time(r.get("effectiveDateTime") or (r.get("effectivePeriod") or {}).get("start"))
-        recorded = parse_time(r.get("issued"))
-        add_refs(ReferenceRole.HAS_MEMBER, r.get("result"))
-        text = _attachments_text(r.get("presentedForm") or [])
-    elif rtype == "ServiceRequest":
-        codes = _codings(r.get("code"))
-        start = parse_time(r.get("occurrenceDateTime") or (r.get("occurrencePeriod") or {}).get("start")
-                           or r.get("authoredOn"))
-        recorded = parse_time(r.get("authoredOn"))
-        add_refs(ReferenceRole.REASON, r.get("reasonReference"))
-        add_refs(ReferenceRole.REPLACES, r.get("replaces"))
-    elif rtype == "DocumentReference":
-        # A clinical note: its text is the entry (for the extractor); the document type is metadata, not a
-        # clinical concept of the patient, so it is not sent as a code.
-        text = _attachments_text([c.get("attachment") or {} for c in r.get("content", [])])
-        context = r.get("context") or {}
-        start = parse_time((context.get("period") or {}).get("start") or r.get("date"))
-        recorded = parse_time(r.get("date"))
-        doc_type = _codings(r.get("type"))
-        if doc_type:
-            attributes["document_type"] = doc_type[0].display or doc_type[0].code
-    if rtype == "Observation":
-        add_refs(ReferenceRole.HAS_MEMBER, r.get("hasMember"))
-    if not codes and not text:
+    m = _Mapped(urls or {}, status=r.get("status"))
+    handler = HANDLERS.get(rtype)
+    if handler is not None:
+        handler(r, m)
+    if not m.codes and not m.text:
         return None
     context = r.get("context")
     encounter_ref = (r.get("encounter") or (context if isinstance(context, dict) and "reference" in context
                                             else {})).get("reference")
     if encounter_ref is None and isinstance(context, dict) and context.get("encounter"):
         encounter_ref = context["encounter"][0].get("reference")
-    encounter = _canonical_ref(encounter_ref, urls)
+    encounter = _canonical_ref(encounter_ref, m.urls)
     if encounter and encounter_reasons:
-        refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=f"concept:{c.system}|{c.code}")
-                    for c in encounter_reasons.get(encounter, []))
-    recorded = recorded or parse_time((r.get("meta") or {}).get("lastUpdated")) or start
+        m.refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=f"concept:{c.system}|{c.code}")
+                      for c in encounter_reasons.get(encounter, []))
+    recorded = m.recorded or parse_time((r.get("meta") or {}).get("lastUpdated")) or m.start
     source_ref = f"{rtype}/{r['id']}" if r.get("id") else None
     content = json.dumps(r, sort_keys=True, separators=(",", ":"))
     return RecordEntry(
         patient_id=patient_id, entry_id=f"{SOURCE}:{source_ref or rtype}:{digest(content, size=8)}",
-        source=SOURCE, source_ref=source_ref, resource_type=rtype, effective_at=start,
-        effective_end=end, recorded_at=recorded, status=status, codes=tuple(codes), value=value,
-        components=tuple(components), dosage=dosage, references=tuple(refs), text=text,
-        attributes=attributes,
+        source=SOURCE, source_ref=source_ref, resource_type=rtype, effective_at=m.start,
+        effective_end=m.end, recorded_at=recorded, status=m.status, codes=tuple(m.codes), value=m.value,
+        components=tuple(m.components), dosage=m.dosage, references=tuple(m.refs), text=m.text,
+        attributes=m.attributes,
     )
 
 
@@ -355,3 +400,29 @@ def iter_bundle_files(paths: Iterable[str | Path]) -> Iterator[Path]:
             yield from sorted(x for x in p.glob("*.json"))
         else:
             yield p
+
+
+def load_bundles(paths: Iterable[str | Path]) -> Iterator[SourceResult]:
+    """One result per bundle file; a file that is no readable bundle is one bad input with its bytes and the
+    reason, and the next file goes on."""
+    for path in iter_bundle_files(paths):
+        try:
+            result: SourceResult = load_bundle(path)
+        except SourceError as exc:
+            raw = Path(path).read_bytes() if Path(path).is_file() else b""
+            result = SourceResult(bad=[BadInput(Path(path).name, raw, type(exc).__name__, str(exc), file=str(path),
+                                                byte_offset=0)])
+        yield result
+
+
+def _detects(path: Path, head: bytes) -> bool:
+    return folder_has(path, "*.json") if path.is_dir() else path.suffix == ".json"
+
+
+def _load(paths: list[Path], options: LoadOptions) -> Iterator[SourceResult]:
+    return load_bundles(paths)
+
+
+FORMAT = SourceFormat(name="fhir-bundle", detects=_detects, load=_load, label="a FHIR JSON bundle",
+                      suffixes=(".json",), signatures=(b"{", b"["), source=SOURCE)
+"""FHIR R4 bundles: ``.json`` files, or folders of them; also what no other format claims (``base.FALLBACK``)."""

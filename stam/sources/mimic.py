@@ -67,7 +67,7 @@ from pydantic import ValidationError
 from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from schemas.common import CodeSystem
 from stam.errors import SourceError
-from stam.sources.fhir_ndjson import BadInput
+from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult
 
 SOURCE = "mimic-iv"
 MIMIC_CS = "http://mimic.mit.edu/fhir/mimic/CodeSystem/"
@@ -123,14 +123,18 @@ class TableCount:
 
 
 @dataclass
-class MimicResult:
-    entries: list[RecordEntry] = field(default_factory=list)
-    bad: list[BadInput] = field(default_factory=list)
+class MimicResult(SourceResult):
+    """Entries (filled by :func:`load_mimic`, not by :func:`iter_mimic`, which yields them), rows that could not
+    be read, and counts per table."""
+
     tables: dict[str, TableCount] = field(default_factory=lambda: defaultdict(TableCount))
     patients: int = 0
 
     def counts(self) -> dict[str, dict[str, int]]:
         return {t: c.as_dict() for t, c in sorted(self.tables.items())}
+
+    def detail(self) -> dict[str, Any]:
+        return {"tables": self.counts()}
 
 
 def is_mimic_root(path: Path) -> bool:
@@ -712,6 +716,24 @@ def load_mimic(root: str | Path, *, subjects: Iterable[str | int] | None = None,
     for entries in iter_mimic(root, subjects=subjects, tables=tables, result=result):
         result.entries.extend(entries)
     return result
+
+
+def _detects(path: Path, head: bytes) -> bool:
+    return is_mimic_root(path)
+
+
+def _load(paths: list[Path], options: LoadOptions) -> Iterator[SourceResult]:
+    """Patient by patient (a MIMIC-IV folder is too large to hold at once), then each root's bad rows and
+    table counts."""
+    for root in paths:
+        result = MimicResult()
+        for entries in iter_mimic(root, subjects=options.subjects, tables=options.tables, result=result):
+            yield SourceResult(entries=entries)
+        yield result
+
+
+FORMAT = SourceFormat(name="mimic-iv", detects=_detects, load=_load, label="a MIMIC-IV hosp/")
+"""MIMIC-IV: a folder with ``hosp/admissions.csv[.gz]``."""
 
 
 def poe_check(export: Callable[[str], dict[str, Any]], root: str | Path,

@@ -199,7 +199,7 @@ def test_the_coded_reasoner_ends_what_an_ending_role_names(role: ReferenceRole) 
 
 def test_source_mappers_write_roles_from_the_table() -> None:
     """No bare role string in a source mapper: each writes ReferenceRole members."""
-    for path in sorted((ROOT / "stam" / "sources").glob("*.py")):
+    for path in sorted((ROOT / "stam" / "sources").rglob("*.py")):
         text = path.read_text()
         assert not re.findall(r"""role\s*=\s*["']""", text), path.name
         assert not re.findall(r"""add_refs\(\s*["']""", text), path.name

@@ -1,366 +1,47 @@
-"""HL7 v2 messages (ADT, ORU/OUL, ORM/OML/OMG, RDE, RDS, PPR, MDM, VXU, BAR/DFT, REF) -> record entries.
-
-Every message either maps to at least one :class:`RecordEntry` or becomes a :class:`BadInput` (the publisher
-dead-letters it) whose reason starts with the message type, e.g. ``"SIU^S12 scheduling message ..."``. A
-message that carries no clinical fact (scheduling, merges, demographics-only updates, account purges) is a
-bad input, not a silent skip: :func:`parse_message` either returns entries or raises. ``Hl7Result.skipped``
-counts *segments* of mapped messages that were deliberately left out (an OBX with no value, an embedded
-image, a registry-administrative OBX...), by reason.
-
-Rules (documented here because the publisher and the reasoner rely on them):
-
-* Patient id: ``hl7v2:<authority>:<id>`` from the first PID-3 repetition with a non-empty CX.1 that is not a
-  social-security number (CX.5 ``SS``); ``<authority>`` is CX.4's namespace id (HD.1), else its universal id
-  (HD.2), else ``local``; ``:`` in the authority is percent-encoded. A message whose PID-3 yields no such
-  identifier, or that names two different patients, is bad.
-* Times: HL7 DTM ``YYYY[MM[DD[HH[MM[SS[.S...]]]]]][+/-ZZZZ]`` -> aware datetime; a time without an offset is
-  taken as UTC. Up to four fraction digits directly after the seconds (``2004062916460000``) are read as a
-  fraction. A malformed time in a field that is used makes the message bad.
-* Codes: ``LN`` -> LOINC, ``SCT``/``SNOMED`` -> SNOMED CT, ``I10``/``I10C`` -> ICD-10-CM, ``I9``/``I9C`` ->
-  ICD-9-CM, ``RXNORM`` -> RxNorm, ``NDC``, ``CVX``, ``MVX``, ``C4``/``CPT``, ``UCUM``, ``HL7nnnn`` -> the
-  v2 table; any other named system -> ``urn:hl7v2:coding-system:<name>``; a code with no system is local to
-  its sender: ``urn:hl7v2:local:<MSH-3>``.
-* Entry ids: ``hl7v2:<source_ref>:<digest(MSH-10, segment position, mapped content)>``: replaying a message
-  gives the same ids. ``recorded_at`` is MSH-7. ``attributes`` carry ``hl7_message`` (e.g. ``ORU^R01``),
-  ``hl7_control_id``, ``hl7_segment`` and coded, non-identifying details; never names.
-* Mapping by message family: ADT visit events -> ``Encounter`` (PV1; ``Encounter/<PV1-19>``; A03 finished,
-  A05/A14 planned, cancel events A11/A23/A27/A38 ``entered-in-error`` so only that visit is retracted, other
-  events in-progress or finished when PV1-45 is set) plus DG1 ``Condition``, AL1/IAM ``AllergyIntolerance``,
-  PR1 ``Procedure``, OBX ``Observation``; ORU/OUL OBR -> ``DiagnosticReport`` with its OBX; ORM/OML/OMG OBR ->
-  ``ServiceRequest``; RDE RXE (or RXO) -> ``MedicationRequest/<ORC-2|ORC-3>`` (status from ORC-1, else
-  ORC-5; XO/XX/RP/RU with ORC-8 add a ``replaces`` reference); PPR PRB -> ``Condition/<PRB-4>`` (PC3 or
-  PRB-1 DE -> resolved); MDM TXA + text OBX -> ``DocumentReference/<TXA-12>``; VXU RXA -> ``Immunization``
-  (RXA-20 RE/NA -> not-done, RXA-21 D -> entered-in-error). OBX-11 X/N, OBX without a value, and non-text
-  value types (ED, RP...) are skipped; OBX-11 D/W -> entered-in-error; NTE text goes to the entry it follows.
-* Dispenses (RDS RXD) become ``MedicationStatement`` entries (the patient has the drug; category
-  MEDICATION in the coded reasoner) with ``attributes["medication_event"] = "dispense"``.
-* Refused whole (dead letters): SIU scheduling, ADT identity operations (A40/A41/A45/A47...), A29, BAR^P02,
-  unsupported types, and messages whose segments yield no clinical fact (e.g. A28/A31 with PID/PV1 only).
-"""
+"""HL7 v2 segments -> record entries: :class:`_Mapper` walks one message by family (ADT, results, orders,
+pharmacy, immunizations, problems, documents) and makes one entry per clinical segment; the rules are in the
+package docstring (``stam.sources.hl7v2``)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta, timezone
-from pathlib import Path
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
-
-import hl7
-from hl7.exceptions import ParseException
-from pydantic import ValidationError
 
 from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
-from stam.sources.fhir_ndjson import BadInput
-from stam.sources.fhir_r4 import sort_clinically
-
-SOURCE = "hl7v2"
-
-# What the hl7 library and our mapping can raise on malformed input; all of it becomes SourceError.
-_FAULTS: tuple[type[Exception], ...] = (ParseException, ValueError, TypeError, KeyError, IndexError,
-                                        AttributeError, AssertionError, OverflowError, RecursionError)
-
-
-@dataclass
-class Hl7Result:
-    entries: list[RecordEntry] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
-    """Segments of mapped messages left out on purpose, by reason."""
-    bad: list[BadInput] = field(default_factory=list)
-    by_type: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Message type (``ORU^R01``) -> ``messages``, ``mapped``, ``entries``, ``bad``."""
-
-
-class _Hl7Error(SourceError):
-    """A SourceError that remembers the message type it was raised for (for the per-type counts)."""
-
-    def __init__(self, reason: str, message_type: str = "unknown") -> None:
-        super().__init__(reason)
-        self.message_type = message_type
-
-
-# --- code systems -----------------------------------------------------------------------------------------
-
-NDC = "http://hl7.org/fhir/sid/ndc"
-_V2_CLASS = "http://terminology.hl7.org/CodeSystem/v2-0004"
-_SYSTEMS: dict[str, str] = {
-    "LN": CodeSystem.LOINC, "LOINC": CodeSystem.LOINC,
-    "SCT": CodeSystem.SNOMED, "SNOMED": CodeSystem.SNOMED, "SNOMEDCT": CodeSystem.SNOMED,
-    "SNOMED-CT": CodeSystem.SNOMED, "SNOMED CT": CodeSystem.SNOMED,
-    "I10": CodeSystem.ICD10, "I10C": CodeSystem.ICD10, "ICD10": CodeSystem.ICD10, "ICD-10": CodeSystem.ICD10,
-    "ICD10CM": CodeSystem.ICD10, "ICD-10-CM": CodeSystem.ICD10,
-    "I9": CodeSystem.ICD9, "I9C": CodeSystem.ICD9, "I9CM": CodeSystem.ICD9, "ICD9": CodeSystem.ICD9,
-    "ICD-9": CodeSystem.ICD9, "ICD9CM": CodeSystem.ICD9, "ICD-9-CM": CodeSystem.ICD9,
-    "RXNORM": CodeSystem.RXNORM, "CVX": CodeSystem.CVX, "NDC": NDC,
-    "MVX": "http://hl7.org/fhir/sid/mvx", "C4": "http://www.ama-assn.org/go/cpt",
-    "CPT": "http://www.ama-assn.org/go/cpt", "CPT4": "http://www.ama-assn.org/go/cpt",
-    "UCUM": "http://unitsofmeasure.org",
-}
-_CLASS_DISPLAY = {"I": "inpatient", "O": "outpatient", "E": "emergency", "P": "preadmit", "R": "recurring patient",
-                  "B": "obstetrics", "C": "commercial account", "N": "not applicable", "U": "unknown"}
-
-# --- status tables ----------------------------------------------------------------------------------------
-
-# OBX-11 (HL7 table 0085). X (cannot obtain), N (not asked) and O/I without a value carry no result.
-_OBX_STATUS = {"F": "final", "U": "final", "C": "corrected", "A": "amended", "P": "preliminary", "S": "preliminary",
-               "R": "preliminary", "I": "registered", "O": "registered", "D": "entered-in-error",
-               "W": "entered-in-error"}
-_OBX_NO_RESULT = {"X": "result cannot be obtained", "N": "not asked"}
-# OBR-25 (table 0123) for reports.
-_OBR_STATUS = {"F": "final", "C": "corrected", "A": "partial", "P": "preliminary", "R": "preliminary",
-               "S": "partial", "I": "registered", "O": "registered"}
-# ORC-1 order control (table 0119) and ORC-5 order status (table 0038).
-_ORDER_CONTROL = {"NW": "active", "SN": "active", "OK": "active", "XO": "active", "XX": "active", "RP": "active",
-                  "RU": "active", "RL": "active", "RO": "active", "PA": "active", "CA": "cancelled",
-                  "OC": "cancelled", "CR": "cancelled", "DC": "stopped", "OD": "stopped", "DR": "stopped",
-                  "DE": "entered-in-error", "HD": "on-hold", "OH": "on-hold", "HR": "on-hold"}
-_ORDER_STATUS = {"A": "active", "IP": "active", "SC": "active", "CM": "completed", "CA": "cancelled",
-                 "DC": "stopped", "ER": "entered-in-error", "HD": "on-hold"}
-_ENDING = {"cancelled", "stopped", "entered-in-error"}
-_REPLACING_CONTROLS = {"XO", "XX", "RP", "RU"}
-# PRB-14 problem life cycle status -> condition clinical status.
-_LIFE_CYCLE = {"active": "active", "a": "active", "resolved": "resolved", "r": "resolved", "inactive": "inactive",
-               "i": "inactive", "remission": "remission", "recurrence": "recurrence", "relapse": "relapse",
-               "deleted": "resolved", "d": "resolved"}
-# RXA-20 completion status.
-_RXA_STATUS = {"CP": "completed", "PA": "completed", "RE": "not-done", "NA": "not-done"}
-
-# --- message families -------------------------------------------------------------------------------------
-
-# ADT events that describe a visit: status of the Encounter entry (None: in-progress, finished when PV1-45
-# carries a discharge time). Cancel events retract that visit only ("entered-in-error"): "cancelled" would
-# make the coded reasoner end every active encounter of the same class.
-_VISIT_EVENTS: dict[str, str | None] = {
-    "A01": None, "A02": None, "A04": None, "A06": None, "A07": None, "A08": None, "A09": None, "A10": None,
-    "A12": None, "A15": None, "A16": None, "A21": None, "A22": None, "A25": None, "A26": None, "A32": None,
-    "A33": None, "A54": None, "A55": None, "A61": None, "A62": None,
-    "A03": "finished", "A05": "planned", "A14": "planned", "A13": "in-progress",
-    "A11": "entered-in-error", "A23": "entered-in-error", "A27": "entered-in-error", "A38": "entered-in-error",
-}
-_RETRACTING_EVENTS = {"A11", "A23", "A27", "A38"}
-_IDENTITY_EVENTS = {"A18", "A24", "A30", "A34", "A35", "A36", "A37", "A39", "A40", "A41", "A42", "A43", "A44",
-                    "A45", "A46", "A47", "A48", "A49", "A50", "A51"}
-_ADT_EVENT_NAMES = {
-    "A01": "admit/visit notification", "A02": "transfer", "A03": "discharge/end visit", "A04": "register a patient",
-    "A05": "pre-admit", "A06": "change outpatient to inpatient", "A07": "change inpatient to outpatient",
-    "A08": "update patient information", "A09": "patient departing (tracking)", "A10": "patient arriving (tracking)",
-    "A11": "cancel admit/visit", "A12": "cancel transfer", "A13": "cancel discharge", "A14": "pending admit",
-    "A15": "pending transfer", "A16": "pending discharge", "A17": "swap patients", "A20": "bed status update",
-    "A25": "cancel pending discharge", "A26": "cancel pending transfer", "A27": "cancel pending admit",
-    "A28": "add person information", "A29": "delete person information", "A31": "update person information",
-    "A40": "merge patient - patient identifier list", "A41": "merge account - patient account number",
-    "A45": "move visit information - visit number", "A47": "change patient identifier list",
-    "A60": "update allergy information",
-}
-_SEGMENTS: dict[str, frozenset[str]] = {
-    "ADT": frozenset({"PV1", "DG1", "AL1", "IAM", "PR1", "OBX"}),
-    "BAR": frozenset({"DG1", "AL1", "PR1", "OBX"}),
-    "DFT": frozenset({"DG1", "AL1", "PR1", "OBX"}),
-    "REF": frozenset({"DG1", "AL1", "PR1", "OBX"}),
-    "RRI": frozenset({"DG1", "AL1", "PR1", "OBX"}),
-    "ORU": frozenset({"OBR", "OBX"}),
-    "OUL": frozenset({"OBR", "OBX"}),
-    "ORM": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
-    "OML": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
-    "OMG": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
-    "RDE": frozenset({"RXO", "RXE", "AL1", "OBX"}),
-    "RDS": frozenset({"RXD", "OBX"}),
-    "PPR": frozenset({"PRB", "AL1", "OBX"}),
-    "MDM": frozenset({"OBR", "TXA", "OBX"}),
-    "VXU": frozenset({"RXA", "AL1", "OBX"}),
-}
-_REPORT_FAMILIES = {"ORU", "OUL"}
-_NO_CLINICAL_FACTS = {
-    "SIU": "scheduling message (appointment booking/update): appointment data is not a clinical fact",
-    "ACK": "acknowledgement: no clinical facts",
-    "MFN": "master file notification: no patient data",
-    "QRY": "query: no clinical facts",
-    "QBP": "query: no clinical facts",
-}
-_BAR_NO_FACTS = {"P02": "purge patient accounts", "P06": "end account", "P10": "transmit ambulatory payment"}
-
-# Immunization-registry bookkeeping OBX (funding, VIS documents, forecasts) that are no clinical facts.
-_VXU_ADMIN_LOINC = {"64994-7", "30963-3", "69764-9", "29768-9", "29769-7", "30956-7", "30979-9", "30980-7",
-                    "30981-5", "59779-9", "59780-7", "59781-5", "59782-3", "48767-8", "30973-2"}
-_OBX_VALUE_TYPES = {"NM", "SN", "CE", "CWE", "CNE", "CF", "ST", "ID", "IS", "TX", "FT", "DT", "DTM", "TS", "TM",
-                    "NA", "MA", ""}
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_DTM = re.compile(r"(\d{4})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:(\d{2})(?:\.?(\d{1,4}))?)?)?)?)?)?([+-]\d{4})?")
-_SEGMENT_ID = re.compile(r"[A-Z][A-Z0-9]{2}")
-_MESSAGE_CODE = re.compile(r"[A-Z0-9_]{2,10}")
-_MSH_START = re.compile(rb"(?:^|(?<=[\r\n]))[\x0b\x1c\s]*(?:\xef\xbb\xbf)?MSH")
-_CHARSETS = {"8859/1": "latin-1", "8859/15": "iso8859-15", "ASCII": "ascii", "UNICODE UTF-8": "utf-8",
-             "UTF-8": "utf-8", "8859/2": "iso8859-2", "8859/5": "iso8859-5", "8859/7": "iso8859-7"}
-_ENVELOPE = {"FHS", "BHS", "BTS", "FTS"}
-_UNESCAPE_MAP = {"H": "", "N": ""}  # highlighting on/off: drop rather than the library's "_"
-_MAX_ID = 120
-_BLANK = b"\x0b\x1c\x00 \t\r\n\xef\xbb\xbf"
-
-Reps = tuple[tuple[tuple[str, ...], ...], ...]
-
-
-# --- one parsed segment -----------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Seg:
-    """One segment, fields as [field][repetition][component][subcomponent] strings, already unescaped."""
-
-    name: str
-    fields: tuple[Reps, ...]  # fields[0] is the segment id; MSH-n is fields[n] as for every segment
-    pos: int
-
-    def reps(self, n: int) -> Reps:
-        return self.fields[n] if 0 < n < len(self.fields) else ()
-
-    def get(self, n: int, comp: int = 1, sub: int = 1, rep: int = 1) -> str:
-        reps = self.reps(n)
-        if rep > len(reps) or comp > len(reps[rep - 1]):
-            return ""
-        subs = reps[rep - 1][comp - 1]
-        return subs[sub - 1].strip() if sub <= len(subs) else ""
-
-    def text(self, n: int, rep: int = 1) -> str:
-        """A whole repetition as text (components joined with ``^``), for free-text fields."""
-        reps = self.reps(n)
-        if rep > len(reps):
-            return ""
-        return "^".join("&".join(subs) for subs in reps[rep - 1]).strip("^ ")
-
-    def texts(self, n: int) -> list[str]:
-        return [t for t in (self.text(n, i) for i in range(1, len(self.reps(n)) + 1)) if t.strip()]
-
-    def comps(self, n: int, rep: int = 1) -> tuple[tuple[str, ...], ...]:
-        reps = self.reps(n)
-        return reps[rep - 1] if rep <= len(reps) else ()
-
-
-def _comp(comps: Sequence[Sequence[str]], i: int, joined: bool = False) -> str:
-    if i > len(comps):
-        return ""
-    subs = comps[i - 1]
-    return ("&".join(subs) if joined else (subs[0] if subs else "")).strip()
-
-
-# --- low-level helpers ------------------------------------------------------------------------------------
-
-def _safe_id(value: str) -> str:
-    value = " ".join(value.split())
-    return value if len(value) <= _MAX_ID else f"{value[:60]}~{digest(value, size=8)}"
-
-
-def parse_dtm(value: str, where: str) -> datetime | None:
-    """HL7 DTM/TS -> aware datetime (UTC when the value has no offset); '' -> None."""
-    value = value.strip()
-    if not value:
-        return None
-    m = _DTM.fullmatch(value)
-    if m is None:
-        raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}")
-    year, month, day, hour, minute, second, frac, offset = m.groups()
-    try:
-        tz: timezone = UTC
-        if offset:
-            hh, mm = int(offset[1:3]), int(offset[3:5])
-            if hh > 23 or mm > 59:
-                raise ValueError(f"offset {offset} out of range")
-            delta = timedelta(hours=hh, minutes=mm)
-            tz = timezone(-delta if offset[0] == "-" else delta)
-        micro = int((frac or "0").ljust(6, "0")[:6])
-        parsed = datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0),
-                          int(second or 0), micro, tzinfo=tz)
-        parsed.astimezone(UTC)  # out of range once in UTC (year 1 east of Greenwich): refuse it here
-        return parsed
-    except (ValueError, OverflowError) as exc:
-        raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}: {exc}") from exc
-
-
-def _decode(raw: bytes) -> str:
-    data = raw.strip(b"\x0b\x1c\x00 \t\r\n")
-    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-        try:
-            return data.decode("utf-16")
-        except UnicodeDecodeError as exc:
-            raise SourceError(f"message has a UTF-16 byte order mark but is not UTF-16: {exc}") from exc
-    data = data.removeprefix(b"\xef\xbb\xbf")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    # Not UTF-8: use the character set MSH-18 names, else ISO 8859-1 (the usual legacy default).
-    head = data.split(b"\r", 1)[0].split(b"\n", 1)[0].decode("latin-1")
-    codec = "latin-1"
-    if len(head) > 3:
-        msh = head.split(head[3])
-        if len(msh) > 17:
-            codec = _CHARSETS.get(msh[17].split("~")[0].strip().upper(), "latin-1")
-    try:
-        return data.decode(codec)
-    except UnicodeDecodeError as exc:
-        raise SourceError(f"message is not valid UTF-8 nor valid {codec} (MSH-18): {exc}") from exc
-
-
-def _segments_of(text: str) -> list[_Seg]:
-    lines = [line.strip().lstrip("\ufeff") for line in text.replace("\r\n", "\r").replace("\n", "\r").split("\r")]
-    lines = [line for line in lines if line and line[:3] not in _ENVELOPE]
-    if not lines:
-        raise SourceError("empty message")
-    if not lines[0].startswith("MSH"):
-        raise SourceError(f"the message does not start with an MSH segment (starts with {lines[0][:20]!r})")
-    if sum(1 for line in lines if line.startswith("MSH")) > 1:
-        raise SourceError("more than one MSH segment: one message per call (load_hl7 splits files on MSH)")
-    head = lines[0]
-    if len(head) < 8:
-        raise SourceError(f"MSH segment too short: {head!r}")
-    sep = head[3]
-    end = head.find(sep, 4)
-    encoding = head[4:end] if end > 0 else ""
-    if (sep.isalnum() or sep.isspace() or end < 0 or not 2 <= len(encoding) <= 5
-            or len(set(encoding + sep)) != len(encoding) + 1 or any(c.isalnum() or c.isspace() for c in encoding)):
-        raise SourceError(f"MSH-1/MSH-2 separators {head[3:9]!r} are invalid")
-    message = hl7.parse("\r".join(lines))
-
-    def unescape(leaf: Any) -> str:
-        return str(message.unescape(str(leaf), _UNESCAPE_MAP)).replace("\r", "\n")
-
-    out: list[_Seg] = []
-    for pos, seg in enumerate(message):
-        name = str(seg[0][0]) if len(seg) and len(seg[0]) else ""
-        if not _SEGMENT_ID.fullmatch(name):
-            raise SourceError(f"segment {pos + 1} has an invalid segment id {name[:10]!r}")
-        fields: list[Reps] = [((((name,),),))]
-        for index, fld in enumerate(seg[1:], start=1):
-            if name == "MSH" and index in (1, 2):
-                fields.append((((str(fld[0]),),),))
-                continue
-            reps: list[tuple[tuple[str, ...], ...]] = []
-            for rep in fld:
-                if isinstance(rep, str):
-                    reps.append(((unescape(rep),),))
-                    continue
-                reps.append(tuple((unescape(c),) if isinstance(c, str) else tuple(unescape(s) for s in c)
-                                  for c in rep))
-            fields.append(tuple(reps))
-        out.append(_Seg(name, tuple(fields), pos))
-    return out
-
-
-def split_messages(data: bytes) -> list[bytes]:
-    """The messages of a file (split where a segment starts with MSH), original bytes kept."""
-    starts = [m.start() for m in _MSH_START.finditer(data)]
-    if not starts:
-        return [data] if data.strip(_BLANK) else []
-    prefix = data[:starts[0]]
-    if not any(line.strip(_BLANK) and line.strip(_BLANK)[:3] not in (b"FHS", b"BHS")
-               for line in re.split(rb"[\r\n]", prefix)):
-        starts[0] = 0  # a BOM, MLLP start byte or batch header travels with the first message
-    else:
-        starts.insert(0, 0)  # anything else before the first MSH is a unit of its own (a dead letter)
-    return [data[a:b] for a, b in zip(starts, [*starts[1:], len(data)], strict=True)]
-
+from stam.sources.hl7v2.parsing import _comp, _safe_id, _Seg, parse_dtm
+from stam.sources.hl7v2.tables import (
+    _ADT_EVENT_NAMES,
+    _BAR_NO_FACTS,
+    _CLASS_DISPLAY,
+    _ENDING,
+    _IDENTITY_EVENTS,
+    _LIFE_CYCLE,
+    _MESSAGE_CODE,
+    _NO_CLINICAL_FACTS,
+    _NUMBER,
+    _OBR_STATUS,
+    _OBX_NO_RESULT,
+    _OBX_STATUS,
+    _OBX_VALUE_TYPES,
+    _ORDER_CONTROL,
+    _ORDER_STATUS,
+    _REPLACING_CONTROLS,
+    _REPORT_FAMILIES,
+    _RETRACTING_EVENTS,
+    _RXA_STATUS,
+    _SEGMENTS,
+    _SYSTEMS,
+    _V2_CLASS,
+    _VISIT_EVENTS,
+    _VXU_ADMIN_LOINC,
+    SOURCE,
+)
 
 # --- mapping ----------------------------------------------------------------------------------------------
 
@@ -1029,91 +710,3 @@ class _Mapper:
         return entry.model_copy(update={"entry_id": entry_id})
 
 
-# --- public API -------------------------------------------------------------------------------------------
-
-def _parse(raw: bytes) -> tuple[list[RecordEntry], dict[str, int], str]:
-    mapper: _Mapper | None = None
-    try:
-        segs = _segments_of(_decode(raw))
-        mapper = _Mapper(segs)
-        entries = mapper.run()
-    except SourceError as exc:
-        mtype = mapper.mtype if mapper is not None else "unknown"
-        reason = str(exc) if str(exc).startswith(mtype) or mtype == "unknown" else f"{mtype}: {exc}"
-        raise _Hl7Error(reason, mtype) from exc
-    except _FAULTS as exc:
-        mtype = mapper.mtype if mapper is not None else "unknown"
-        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
-        detail = (f"entry failed validation: {first['loc']} {first['msg']}" if first is not None
-                  else f"{type(exc).__name__}: {exc}")
-        raise _Hl7Error(f"{mtype}: cannot be mapped: {detail}"[:2000], mtype) from exc
-    return entries, mapper.skipped, mapper.mtype
-
-
-def parse_message(raw: bytes, where: str) -> list[RecordEntry]:
-    """Record entries of one HL7 v2 message (at least one, in clinical-time order), or SourceError with the
-    reason (which starts with the message type when MSH-9 could be read)."""
-    try:
-        entries = _parse(raw)[0]
-    except SourceError as exc:
-        exc.add_note(f"HL7 v2 message from {where}")
-        raise
-    sort_clinically(entries)
-    return entries
-
-
-def hl7_files(paths: Iterable[str | Path]) -> list[Path]:
-    out: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            out.extend(sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in (".hl7", ".txt")))
-        else:
-            out.append(p)
-    return out
-
-
-def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
-    """Entries of HL7 v2 files or folders (``*.hl7``, ``*.txt``), in clinical-time order; one file may hold
-    several messages. Every message is counted once: mapped (>= 1 entry) or bad (dead letter)."""
-    result = Hl7Result()
-
-    def count(mtype: str, key: str, n: int = 1) -> None:
-        row = result.by_type.setdefault(mtype, {"messages": 0, "mapped": 0, "entries": 0, "bad": 0})
-        row[key] += n
-
-    for path in hl7_files(paths):
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            result.bad.append(BadInput(path.name, b"", type(exc).__name__, f"cannot read file: {exc}",
-                                       file=str(path)))
-            count("unknown", "messages")
-            count("unknown", "bad")
-            continue
-        messages = split_messages(data)
-        if not messages:
-            result.bad.append(BadInput(path.name, data, "SourceError", "file holds no HL7 message (empty)",
-                                       file=str(path)))
-            count("unknown", "messages")
-            count("unknown", "bad")
-            continue
-        for index, raw in enumerate(messages, start=1):
-            where = path.name if len(messages) == 1 else f"{path.name}:{index}"
-            try:
-                entries, skipped, mtype = _parse(raw)
-            except _Hl7Error as exc:
-                result.bad.append(BadInput(where, raw, "SourceError", str(exc)[:2000], file=str(path)))
-                count(exc.message_type, "messages")
-                count(exc.message_type, "bad")
-                continue
-            count(mtype, "messages")
-            count(mtype, "mapped")
-            count(mtype, "entries", len(entries))
-            result.entries.extend(entries)
-            for reason, n in skipped.items():
-                result.skipped[reason] = result.skipped.get(reason, 0) + n
-    sort_clinically(result.entries)
-    return result
-
-
-__all__ = ["Hl7Result", "hl7_files", "load_hl7", "parse_dtm", "parse_message", "split_messages"]
