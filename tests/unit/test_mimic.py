@@ -14,6 +14,8 @@ from stam.errors import SourceError
 from stam.sources.mimic import TABLES, is_mimic_root, load_mimic
 from tests.conftest import DATA
 
+pytestmark = pytest.mark.slow  # loads the whole MIMIC-IV demo: skipped by `make test-fast`
+
 MIMIC = DATA / "mimic-iv-demo-2.2"
 PATIENT = "10019917"
 

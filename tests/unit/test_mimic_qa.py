@@ -17,6 +17,8 @@ from stam.eval.mimic_qa import PER_PATIENT, QTYPES, Question, build_questions, r
 from stam.sources.mimic import SYS_DRUG, iter_mimic, load_mimic
 from tests.conftest import DATA
 
+pytestmark = pytest.mark.slow  # loads MIMIC-IV demo tables: skipped by `make test-fast`
+
 MIMIC = DATA / "mimic-iv-demo-2.2"
 PATIENTS = ("10000032", "10019917")  # four admissions; one admission (read by hand in test_mimic.py)
 # Many medication orders: POE orders with several pharmacy rows, IV orders whose pharmacy row starts first.

@@ -179,6 +179,7 @@ def test_grounding_and_spans() -> None:
     assert find_span("HYDROCHLOROTHIAZIDE", NOTE) is not None and find_span("warfarin", NOTE) is None
 
 
+@pytest.mark.slow  # real Milvus Lite and Redis
 def test_write_path_applies_model_relations_and_archivals_on_real_stores(deps: Any) -> None:
     """Stages on real Redis + Milvus Lite + MiniLM: a coded order, then a note whose fact the (scripted)
     model judges to supersede it; the relation comes on the ADDED transition, the order is archived."""

@@ -28,6 +28,8 @@ from stam.errors import ConcurrentUpdate, MessageTooLarge, ReasoningError, Sourc
 from stam.metrics import PARTITION_STALLED, STAGE_BUGS
 from workers.common import Fault, classify, run_batch, send
 
+pytestmark = pytest.mark.slow  # subprocess CLI runs and real stores: skipped by `make test-fast`
+
 REPO = Path(__file__).resolve().parents[2]
 CODE = Coding(system="http://snomed.info/sct", code="38341003", display="Hypertensive disorder")
 

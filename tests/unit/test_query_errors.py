@@ -43,6 +43,7 @@ def test_query_errors_are_not_found_or_invalid() -> None:
     assert classify(UnsupportedQuery("as_of needs the transition log"))[0] == "invalid"
 
 
+@pytest.mark.slow  # starts and stops a Redis server
 def test_redis_down_is_unavailable_but_a_refused_login_is_not() -> None:
     client = redis.Redis(host="127.0.0.1", port=_dead_port(), socket_connect_timeout=2)
     exc = _raised(lambda: client.get("k"))

