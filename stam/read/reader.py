@@ -10,7 +10,10 @@ CPU), for evaluation runs on one machine without a server.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
+
+from stam.llm.client import LLMClient, Usage
 
 SYSTEM = ("You answer questions about one patient using only the evidence given: the patient's record with the "
           "time of each fact. A fact marked [current] holds at the time of the record; earlier values and ended "
@@ -29,31 +32,33 @@ def messages(question: str, evidence: str, system: str = SYSTEM) -> list[dict[st
 
 
 class OpenAIReader:
+    """The reader over any OpenAI-compatible endpoint, through the project's one language-model client
+    (:class:`stam.llm.client.LLMClient`, the reasoner's too): a timeout per request, bounded retries with
+    backoff on connection errors, timeouts, 429 and 5xx, a concurrency limit, token accounting (``usage``) and
+    the ``stam_llm_*`` metrics. The blocking call runs in a thread, off the caller's event loop."""
+
     def __init__(self, base_url: str, model: str, *, api_key: str = "", timeout_s: float = 60.0,
-                 max_tokens: int = 256, system: str = SYSTEM) -> None:
-        self.base_url = base_url.rstrip("/")
+                 max_tokens: int = 256, system: str = SYSTEM, retries: int = 2, max_concurrency: int = 4) -> None:
+        self.client = LLMClient(base_url, model, api_key=api_key, timeout_s=timeout_s, retries=retries,
+                                max_concurrency=max_concurrency)
+        self.base_url = self.client.base_url
         self.model = model
         self.name = model
-        self._api_key = api_key
-        self._timeout = timeout_s
         self._max_tokens = max_tokens
         self.system = system
 
+    @property
+    def usage(self) -> Usage:
+        return self.client.usage
+
     def request_body(self, question: str, evidence: str) -> dict[str, Any]:
-        return {"model": self.model, "temperature": 0, "max_tokens": self._max_tokens,
-                "messages": messages(question, evidence, self.system)}
+        return self.client.body(messages(question, evidence, self.system), schema=None, schema_name="answer",
+                                max_tokens=self._max_tokens, temperature=0.0)
 
     async def answer(self, question: str, evidence: str) -> str:
-        import aiohttp
-
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        timeout = aiohttp.ClientTimeout(total=self._timeout)
-        async with aiohttp.ClientSession(timeout=timeout) as session, session.post(
-                f"{self.base_url}/chat/completions", json=self.request_body(question, evidence),
-                headers=headers) as resp:
-            resp.raise_for_status()
-            data = await resp.json()
-        return str(data["choices"][0]["message"]["content"]).strip()
+        result = await asyncio.to_thread(self.client.chat, messages(question, evidence, self.system),
+                                         max_tokens=self._max_tokens, temperature=0.0)
+        return result.content.strip()
 
 
 class LocalReader:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from stam.errors import LLMUnavailable
 from stam.read.reader import OpenAIReader
 
 
@@ -20,6 +21,7 @@ async def test_reader_sends_question_and_evidence_and_returns_the_answer() -> No
         return web.json_response({"choices": [{"message": {"role": "assistant", "content": " 87.8 cm \n"}}]})
 
     async def broken(request: web.Request) -> web.Response:
+        seen["broken"] = seen.get("broken", 0) + 1
         return web.json_response({"error": "overloaded"}, status=503)
 
     app = web.Application()
@@ -38,7 +40,12 @@ async def test_reader_sends_question_and_evidence_and_returns_the_answer() -> No
         assert body["model"] == "qwen2.5-0.5b" and body["temperature"] == 0
         assert "Body Height: 87.8 cm" in body["messages"][1]["content"]
         assert body["messages"][1]["content"].endswith("Question: What is the height?")
-        with pytest.raises(Exception, match="503"):
-            await OpenAIReader(f"http://127.0.0.1:{port}/bad/v1", "m", timeout_s=5).answer("q", "e")
+        assert reader.usage.calls == 1
+        # Through the one client: a 503 is retried (with backoff), then the endpoint is reported unavailable.
+        broken_reader = OpenAIReader(f"http://127.0.0.1:{port}/bad/v1", "m", timeout_s=5, retries=1)
+        broken_reader.client.backoff_s = 0.01
+        with pytest.raises(LLMUnavailable, match="503"):
+            await broken_reader.answer("q", "e")
+        assert seen["broken"] == 2
     finally:
         await runner.cleanup()
