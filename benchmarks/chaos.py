@@ -182,7 +182,7 @@ def _versions(stack: Stack) -> int:
 def _vectors_agree(stack: Stack) -> dict[str, int]:
     """Memories whose vector is missing from Milvus, or in the other store than Redis says."""
     from schemas import Store
-    from workers.runtime import build_deps
+    from stam.compose import build_deps
 
     deps = build_deps(stack.settings)
     missing = wrong = 0
@@ -195,9 +195,9 @@ def _vectors_agree(stack: Stack) -> dict[str, int]:
 
 
 def _states(stack: Stack) -> dict[str, dict[str, Any]]:
+    from stam.compose import redis_client
     from stam.export import export_state
     from stam.stores.redis_state import RedisStateStore
-    from workers.runtime import redis_client
 
     states = RedisStateStore(redis_client(stack.settings), prefix=stack.settings.collection_prefix)
     out = {}
@@ -414,10 +414,10 @@ def erasure_section(work: Path) -> dict[str, Any]:
     """Three real patients through the stack; ``stam erase`` one; an independent scan of Redis, Milvus, every topic
     from offset 0 and every file under STAM_HOME finds neither its id nor sample texts; the other patients' exports
     are unchanged byte for byte."""
+    from stam.compose import redis_client
     from stam.erase import pick_samples, scan
     from stam.export import export_state
     from stam.stores.redis_state import RedisStateStore
-    from workers.runtime import redis_client
 
     paths = sorted(BUNDLES.glob("*.json"))[4:7]
     stack = Stack(work / "erasure")

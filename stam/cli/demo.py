@@ -96,9 +96,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
         print("5/6 the patient's memory now:\n")
+        from stam.compose import redis_client
         from stam.export import render_text
         from stam.stores.redis_state import RedisStateStore
-        from workers.runtime import redis_client
 
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
         print(render_text(state, limit=args.limit))

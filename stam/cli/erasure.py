@@ -21,8 +21,8 @@ async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    from stam.compose import build_deps
     from stam.rebuild import rebuild
-    from workers.runtime import build_deps
 
     settings = load_settings()
     if _refuse_erased(settings, args.patient):
@@ -44,8 +44,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def _refuse_erased(settings: Settings, patient_id: str) -> bool:
     """An erased patient is never rebuilt from the transition log (the erasure register, or a shredded key)."""
+    from stam.compose import redis_client
     from stam.erase import is_erased
-    from workers.runtime import redis_client
 
     if is_erased(settings, redis_client(settings), patient_id):
         print("this patient was erased (see its receipt on the audit topic); rebuild refuses", file=sys.stderr)

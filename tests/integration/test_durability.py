@@ -162,9 +162,9 @@ def test_a_store_without_a_patients_data_key_is_reported_not_skipped_silently(st
     """The key store came back without one patient's data key (a backup older than the patient): recovery cannot
     open that patient's transitions; it says so (ERROR, stam_state_unreadable_transitions_total) and rebuilds
     every other patient."""
+    from stam.compose import build_deps
     from stam.crypto import sealer_for
     from stam.recovery import recover
-    from workers.runtime import build_deps
 
     s = stack_settings
     client = redis.Redis.from_url(s.redis_url)

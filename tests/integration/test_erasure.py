@@ -259,8 +259,8 @@ def test_recovery_from_the_log_does_not_bring_erased_patients_back(erased: dict[
     """After a store loss the worker rebuilds every patient whose state is behind the transition log; an erased
     patient is behind the log by design and must stay erased. Both erased patients' transitions are still on the
     topic, sealed under shredded keys (unreadable); the live patient, made to lose its state, is rebuilt."""
+    from stam.compose import build_deps
     from stam.recovery import read_log, recover
-    from workers.runtime import build_deps
 
     s, client = erased["settings"], erased["client"]
     gone = [erased["target"], erased["others"][0]]  # the second was erased by the AOF test

