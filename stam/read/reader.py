@@ -51,10 +51,6 @@ class OpenAIReader:
     def usage(self) -> Usage:
         return self.client.usage
 
-    def request_body(self, question: str, evidence: str) -> dict[str, Any]:
-        return self.client.body(messages(question, evidence, self.system), schema=None, schema_name="answer",
-                                max_tokens=self._max_tokens, temperature=0.0)
-
     async def answer(self, question: str, evidence: str) -> str:
         result = await asyncio.to_thread(self.client.chat, messages(question, evidence, self.system),
                                          max_tokens=self._max_tokens, temperature=0.0)
