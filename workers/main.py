@@ -21,7 +21,7 @@ from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
 from topology.app import create_app
 from workers import extract, impact, link, update
-from workers.common import STAGE_THREAD, TRANSIENT
+from workers.common import STAGE_THREAD, Fault, classify
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
@@ -86,7 +86,7 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
 
 def _background_failed(task: str, exc: BaseException) -> None:
     BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
-    if isinstance(exc, TRANSIENT):
+    if classify(exc) is Fault.TRANSIENT:  # an outage (a Milvus error is sorted by its code): one line, no trace
         log.warning("%s failed (%s); the worker goes on", task, type(exc).__name__)
     else:
         log.error("%s failed; the worker goes on", task, exc_info=exc)

@@ -12,16 +12,26 @@ and query is filtered by patient id; there is no cross-patient call.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import numpy as np
-from pymilvus import DataType, MilvusClient
+from pymilvus import DataType, MilvusClient, MilvusException
 
 from schemas import Store
 from stam.errors import StoreRejected
 from stam.stores.base import Hit, VectorRow, VectorStore
 
+log = logging.getLogger("stam.stores.milvus")
+
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+_NOT_LOADED = 101
+"""Milvus's code for a collection that is not loaded (``released``): what a restarted server answers a read with."""
+
+T = TypeVar("T")
 
 
 def literal(value: str) -> str:
@@ -63,6 +73,21 @@ class MilvusVectorStore(VectorStore):
         index.add_index("vector", index_type="FLAT", metric_type="COSINE")
         self._client.create_collection(name, schema=schema, index_params=index)
 
+    def _read(self, call: Callable[[], T]) -> T:
+        """A read, reloading the collection once if the server forgot it was loaded.
+
+        A Milvus server restarted under a running worker (a crash, a pod moved) comes back with the collection
+        'released': every search and query fails with code 101 until someone loads it again, and without this
+        the stage holding the partition would retry the same failure forever."""
+        try:
+            return call()
+        except MilvusException as exc:
+            if exc.code != _NOT_LOADED:
+                raise
+            log.warning("Milvus collection %s was released (server restarted?); loading it again", self._name)
+            self._client.load_collection(self._name)
+            return call()
+
     def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return
@@ -75,20 +100,20 @@ class MilvusVectorStore(VectorStore):
     def search(self, patient_id: str, store: Store, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
         if len(vectors) == 0:
             return []
-        res = self._client.search(
+        res = self._read(lambda: self._client.search(
             self._name, data=[v.tolist() for v in vectors], limit=limit,
             filter=_scope(patient_id, store), output_fields=["memory_id"],
             search_params={"metric_type": "COSINE"},
-        )
+        ))
         return [[Hit(str(h["entity"]["memory_id"]), store, float(h["distance"])) for h in hits]
                 for hits in res]
 
     def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
         rows: list[VectorRow] = []
-        it = self._client.query_iterator(
+        it = self._read(lambda: self._client.query_iterator(
             self._name, batch_size=1000, filter=_scope(patient_id, store),
             output_fields=["memory_id", "vector"],
-        )
+        ))
         try:
             while batch := it.next():
                 rows.extend(VectorRow(r["memory_id"], np.asarray(r["vector"], dtype=np.float32), store)
@@ -102,14 +127,15 @@ class MilvusVectorStore(VectorStore):
         ids = list(dict.fromkeys(memory_ids))
         for lo in range(0, len(ids), 1000):
             chunk = ids[lo: lo + 1000]
-            res = self._client.query(self._name, filter=f"{_patient_filter(patient_id)} and memory_id in "
-                                     f"{json.dumps(chunk)}", output_fields=["memory_id", "vector"])
+            expr = f"{_patient_filter(patient_id)} and memory_id in {json.dumps(chunk)}"
+            res = self._read(lambda expr=expr: self._client.query(  # type: ignore[misc]
+                self._name, filter=expr, output_fields=["memory_id", "vector"]))
             out.update((str(r["memory_id"]), np.asarray(r["vector"], dtype=np.float32)) for r in res)
         return out
 
     def count(self, patient_id: str, store: Store) -> int:
-        res = self._client.query(self._name, filter=_scope(patient_id, store),
-                                 output_fields=["count(*)"])
+        res = self._read(lambda: self._client.query(self._name, filter=_scope(patient_id, store),
+                                                    output_fields=["count(*)"]))
         return int(res[0]["count(*)"]) if res else 0
 
     def erase_patient(self, patient_id: str) -> int:
