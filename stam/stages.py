@@ -43,7 +43,6 @@ from stam.integrity import archive_refusal, stamp
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
-from stam.stores.projection import VectorProjection
 
 
 def _utcnow() -> datetime:
@@ -71,20 +70,36 @@ class InFlight:
         return stale
 
 
+@dataclass(frozen=True)
+class StageParams:
+    """The write path's frozen parameters (set from Settings by the composition root, or by an evaluation)."""
+
+    impact_budget: int = 48
+    """Semantic top-B of impact retrieval (the paper's 48)."""
+    graph_seeds: int = 3
+    """ACTIVE neighbours a model memory's graph hop starts from when it has no relation yet."""
+    graph_seed_min: float = 0.5
+    """Least cosine for such a neighbour."""
+    impact_channels: frozenset[Channel] = frozenset(Channel)
+    """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
+    commit_retries: int = 5
+    """Recomputations of a batch whose commit met a newer version, before giving up."""
+
+
 @dataclass
 class Deps:
+    """What the stages need, in three parts: the services they call (interfaces: any implementation, a
+    projection in front of Milvus included), the frozen parameters, and this worker's own state."""
+
+    # interfaces
     router: Router
     embedder: Embedder
     states: StateStore
     vectors: VectorStore
-    projection: VectorProjection | None = None
-    impact_budget: int = 48
-    graph_seeds: int = 3
-    graph_seed_min: float = 0.5
-    impact_channels: frozenset[Channel] = frozenset(Channel)
-    """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
-    commit_retries: int = 5
     clock: Callable[[], datetime] = field(default=_utcnow)
+    # frozen parameters
+    params: StageParams = field(default_factory=StageParams)
+    # worker-local state: never shared between processes, safe to lose
     inflight: InFlight = field(default_factory=InFlight)
 
 
@@ -174,20 +189,8 @@ def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
 
 def _semantic(memories: Sequence[AtomicMemory], vectors: np.ndarray, state: PatientState,
               deps: Deps) -> list[list[Hit]]:
-    budget = deps.impact_budget
-    exclude = {m.memory_id for m in memories}
-    if deps.projection is not None:
-        return deps.projection.search(state.patient_id, state.version, vectors, budget, exclude)
-    if state.version == 0:
-        return [[] for _ in memories]
-    per_store = [deps.vectors.search(state.patient_id, s, vectors, budget + len(exclude))
-                 for s in (Store.ACTIVE, Store.HISTORY)]
-    merged = []
-    for i in range(len(memories)):
-        hits = [h for store_hits in per_store for h in store_hits[i] if h.memory_id not in exclude]
-        hits.sort(key=lambda h: -h.score)
-        merged.append(hits[:budget])
-    return merged
+    return deps.vectors.nearest(state.patient_id, state.version, vectors, deps.params.impact_budget,
+                                exclude={m.memory_id for m in memories})
 
 
 @lru_cache(maxsize=16)
@@ -203,7 +206,7 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             deps: Deps, entry: RecordEntry | None = None) -> dict[str, list[Impact]]:
     """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, resources the entry explicitly replaces or
     discontinues, and one graph hop, per new memory."""
-    channels = deps.impact_channels
+    channels = deps.params.impact_channels
     explicit = ([r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
                 if Channel.CODE in channels else [])
     vectors = _vectors(memories, deps)
@@ -245,8 +248,8 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
             # Relations of a model memory are decided with its update (one call), so the hop starts from
             # its closest ACTIVE neighbours in meaning, the memories it would most likely be linked to.
             seeds = [(h.memory_id, h.score, cast(RelationType | None, None)) for h in hits
-                     if h.score >= deps.graph_seed_min and h.memory_id in known
-                     and known[h.memory_id].store is Store.ACTIVE][: deps.graph_seeds]
+                     if h.score >= deps.params.graph_seed_min and h.memory_id in known
+                     and known[h.memory_id].store is Store.ACTIVE][: deps.params.graph_seeds]
         for linked, weight, rtype0 in seeds if Channel.GRAPH in channels else ():
             if rtype0 is not None:
                 note(linked, Channel.GRAPH, weight, (weight, rtype0))
@@ -302,13 +305,13 @@ def update_batch(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResul
     patient and one Redis transaction for the whole batch (versions checked for every patient in it).
     On a version conflict the whole batch is recomputed from the stored state.
     """
-    for _attempt in range(deps.commit_retries):
+    for _attempt in range(deps.params.commit_retries):
         try:
             with deps.states.pinned_versions({x.entry.patient_id for x in items}):
                 return _update_batch_once(items, deps)
         except ConcurrentUpdate:
             continue
-    raise ConcurrentUpdate(f"gave up after {deps.commit_retries} conflicting commits")
+    raise ConcurrentUpdate(f"gave up after {deps.params.commit_retries} conflicting commits")
 
 
 @dataclass
@@ -348,8 +351,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         events, changed = _apply(x, relations, candidates, state, deps)
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
             changed, _vectors([c.memory for c in changed.values()], deps), strict=True)]
-        if deps.projection is not None:
-            deps.projection.advance(pid, state.version - 1, state.version, rows)
+        deps.vectors.committed(pid, state.version - 1, state.version, rows)
         w.changed.update(changed)
         w.rows.update((r.memory_id, r) for r in rows)
         w.outboxes[x.entry.entry_id] = orjson.dumps([e.model_dump(mode="json") for e in events])
@@ -366,9 +368,8 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         if commits:
             deps.states.commit_many(commits)
     except BaseException:
-        if deps.projection is not None:
-            for pid in work:
-                deps.projection.forget(pid)
+        for pid in work:
+            deps.vectors.forget(pid)
         raise
     return results
 

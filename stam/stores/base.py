@@ -54,11 +54,46 @@ class VectorStore(ABC):
         return {r.memory_id: r.vector for store in (Store.ACTIVE, Store.HISTORY) for r in self.fetch(patient_id, store)
                 if r.memory_id in wanted}
 
+    def count(self, patient_id: str, store: Store) -> int:
+        """How many vectors one patient has in one store."""
+        return len(self.fetch(patient_id, store))
+
     @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...
 
     def flush(self) -> None:  # noqa: B027 - optional hook, a no-op where writes are visible at once
         """Make recent writes cheap to search (Milvus seals growing segments)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the connection."""
+
+    def nearest(self, patient_id: str, version: int, vectors: np.ndarray, limit: int,
+                exclude: Iterable[str] = ()) -> list[list[Hit]]:
+        """Top-``limit`` over ACTIVE and HISTORY together, by cosine, for each query vector, leaving out
+        ``exclude``: impact retrieval's semantic channel.
+
+        ``version`` is the patient's state version the caller read (0: the patient has nothing yet). A store
+        that keeps vectors near the worker (:class:`stam.stores.projection.VectorProjection`) answers from
+        them while they are at that version; this default searches each store and merges."""
+        if version == 0 or len(vectors) == 0:
+            return [[] for _ in range(len(vectors))]
+        skip = set(exclude)
+        per_store = [self.search(patient_id, s, vectors, limit + len(skip)) for s in (Store.ACTIVE, Store.HISTORY)]
+        merged = []
+        for i in range(len(vectors)):
+            hits = [h for store_hits in per_store for h in store_hits[i] if h.memory_id not in skip]
+            hits.sort(key=lambda h: -h.score)
+            merged.append(hits[:limit])
+        return merged
+
+    def committed(self, patient_id: str, from_version: int, to_version: int,  # noqa: B027 - optional hook
+                  rows: Sequence[VectorRow]) -> None:
+        """The update stage applied ``rows`` for a patient, moving its state from ``from_version`` to
+        ``to_version`` (before they are placed). A store that keeps vectors near the worker follows the write;
+        this default keeps nothing."""
+
+    def forget(self, patient_id: str) -> None:  # noqa: B027 - optional hook
+        """Drop whatever is kept near the worker for one patient (a failed commit, a rebuild)."""
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ filtered Milvus Lite search costs tens of milliseconds (hundreds before segments
 a worker far below the throughput goal. The projection holds the patient's ACTIVE and HISTORY vectors as
 one matrix and answers the same exact cosine top-k a FLAT Milvus index gives.
 
+It is a :class:`VectorStore` decorator: it wraps the backing store (Milvus), passes every call through, and
+answers :meth:`~VectorStore.nearest` (impact retrieval) from memory. The write path sees one ``VectorStore``;
+whether a projection sits in front of Milvus is the composition root's choice (``STAM_IMPACT_SEARCH``).
+
 Coherence: the projection is tagged with the patient state version it reflects. The update stage, the
 only writer, advances it after each commit; any other version (another worker wrote, a rebalance, a
 restart) makes the next read reload the patient from Milvus.
@@ -12,7 +16,7 @@ restart) makes the next read reload the patient from Milvus.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from threading import Lock
 
@@ -49,13 +53,44 @@ class _Patient:
             self.matrix = block if self.matrix.size == 0 else np.vstack([self.matrix, block])
 
 
-class VectorProjection:
+class VectorProjection(VectorStore):
+    """``backing`` with each warm patient's vectors held in memory for :meth:`nearest`."""
+
     def __init__(self, backing: VectorStore, *, max_vectors: int = 250_000) -> None:
-        self._backing = backing
+        self.backing = backing
         # Weighed by vectors held; the most recent patient stays even when it alone is over the bound.
         self._patients: LRU[str, _Patient] = LRU(max_vectors, weigh=lambda p: len(p.ids), keep_last=True)
         self._lock = Lock()
         self.reloads = 0
+
+    # --- passed through to the backing store -------------------------------------------------------------
+
+    def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
+        self.backing.place(patient_id, rows)  # the projection already follows the write (committed)
+
+    def search(self, patient_id: str, store: Store, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
+        return self.backing.search(patient_id, store, vectors, limit)
+
+    def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
+        return self.backing.fetch(patient_id, store)
+
+    def fetch_ids(self, patient_id: str, memory_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.backing.fetch_ids(patient_id, memory_ids)
+
+    def count(self, patient_id: str, store: Store) -> int:
+        return self.backing.count(patient_id, store)
+
+    def erase_patient(self, patient_id: str) -> int:
+        self.forget(patient_id)
+        return self.backing.erase_patient(patient_id)
+
+    def flush(self) -> None:
+        self.backing.flush()
+
+    def close(self) -> None:
+        self.backing.close()
+
+    # --- answered from memory ----------------------------------------------------------------------------
 
     def _get(self, patient_id: str, version: int) -> _Patient:
         with self._lock:
@@ -65,64 +100,29 @@ class VectorProjection:
         p = _Patient(version=version)
         if version > 0:
             self.reloads += 1
-            p.put(self._backing.fetch(patient_id, Store.ACTIVE) + self._backing.fetch(patient_id, Store.HISTORY))
+            p.put(self.backing.fetch(patient_id, Store.ACTIVE) + self.backing.fetch(patient_id, Store.HISTORY))
         self._patients.put(patient_id, p)
         return p
 
-    def search(self, patient_id: str, version: int, queries: np.ndarray, limit: int,
-               exclude: set[str] | None = None) -> list[list[Hit]]:
-        """Top-``limit`` over ACTIVE and HISTORY together, by cosine, for each query vector."""
+    def nearest(self, patient_id: str, version: int, vectors: np.ndarray, limit: int,
+                exclude: Iterable[str] = ()) -> list[list[Hit]]:
+        """Exact cosine top-``limit`` over ACTIVE and HISTORY together, as a FLAT Milvus index gives."""
         p = self._get(patient_id, version)
-        if not p.ids or len(queries) == 0:
-            return [[] for _ in range(len(queries))]
-        q = queries / np.maximum(np.linalg.norm(queries, axis=1, keepdims=True), 1e-12)
+        if not p.ids or len(vectors) == 0:
+            return [[] for _ in range(len(vectors))]
+        skip = set(exclude)
+        q = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         scores = q.astype(np.float32) @ p.matrix.T
         out: list[list[Hit]] = []
-        want = min(limit + len(exclude or ()), len(p.ids))
+        want = min(limit + len(skip), len(p.ids))
         for row in scores:
             top = np.argpartition(-row, want - 1)[:want] if want < len(row) else np.arange(len(row))
             top = top[np.argsort(-row[top], kind="stable")]
-            hits = [Hit(p.ids[i], p.stores[i], float(row[i])) for i in top
-                    if not exclude or p.ids[i] not in exclude]
+            hits = [Hit(p.ids[i], p.stores[i], float(row[i])) for i in top if p.ids[i] not in skip]
             out.append(hits[:limit])
         return out
 
-    def scores(self, patient_id: str, version: int, query: np.ndarray) -> tuple[list[str], np.ndarray]:
-        """Cosine of one query vector with every vector of the patient (both stores): (memory ids, scores)."""
-        p = self._get(patient_id, version)
-        if not p.ids:
-            return [], np.zeros(0, dtype=np.float32)
-        q = query.reshape(-1) / max(float(np.linalg.norm(query)), 1e-12)
-        return list(p.ids), p.matrix @ q.astype(np.float32)
-
-    def top_by_store(self, patient_id: str, version: int, query: np.ndarray, limit: int) -> dict[Store, list[Hit]]:
-        """Top-``limit`` of ACTIVE and of HISTORY separately, by cosine with one query vector."""
-        p = self._get(patient_id, version)
-        out: dict[Store, list[Hit]] = {Store.ACTIVE: [], Store.HISTORY: []}
-        if not p.ids:
-            return out
-        q = query.reshape(-1) / max(float(np.linalg.norm(query)), 1e-12)
-        scores = p.matrix @ q.astype(np.float32)
-        history = np.fromiter((s is Store.HISTORY for s in p.stores), dtype=bool, count=len(p.stores))
-        for store, mask in ((Store.ACTIVE, ~history), (Store.HISTORY, history)):
-            idx = np.flatnonzero(mask)
-            if idx.size == 0:
-                continue
-            sub = scores[idx]
-            want = min(limit, idx.size)
-            top = np.argpartition(-sub, want - 1)[:want] if want < idx.size else np.arange(idx.size)
-            top = top[np.argsort(-sub[top], kind="stable")]
-            out[store] = [Hit(p.ids[idx[i]], store, float(sub[i])) for i in top]
-        return out
-
-    def prime(self, patient_id: str, version: int, rows: Sequence[VectorRow]) -> None:
-        """Hold ``rows`` as the patient's vectors at ``version`` (a process that already has them, e.g. from
-        the write it just made or a log it follows, need not fetch them from Milvus)."""
-        p = _Patient(version=version)
-        p.put(rows)
-        self._patients.put(patient_id, p)
-
-    def advance(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
+    def committed(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:
             p = self._patients.get(patient_id)

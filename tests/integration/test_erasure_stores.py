@@ -185,7 +185,7 @@ def test_milvus_lite_rewrite_repairs_writes_that_landed_during_it(deps: Any, sma
         process_entry(e, deps)
     deps.vectors.flush()
     client = deps.states._r
-    mc = deps.vectors._client
+    mc = getattr(deps.vectors, "backing", deps.vectors)._client
     name = "stam_memories"
     before = _versions(client, "stam")
     copied = mc.query(name, filter=f'patient_id == "{SMALL_PATIENT}"', output_fields=["*"])

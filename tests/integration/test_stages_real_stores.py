@@ -115,9 +115,9 @@ def test_impact_projection_matches_milvus_search(deps: Any, small_bundle: Any) -
     state = deps.states.load(SMALL_PATIENT)
     probe = extract_stage(small_bundle.entries[60], deps)
     vecs = deps.embedder.embed([m.embed_text or m.text for m in probe.memories])
-    local = deps.projection.search(SMALL_PATIENT, state.version, vecs, 10)[0]
+    local = deps.vectors.nearest(SMALL_PATIENT, state.version, vecs, 10)[0]
     remote = sorted((h for s in (Store.ACTIVE, Store.HISTORY)
-                     for h in deps.vectors.search(SMALL_PATIENT, s, vecs, 10)[0]), key=lambda h: -h.score)[:10]
+                     for h in deps.vectors.backing.search(SMALL_PATIENT, s, vecs, 10)[0]), key=lambda h: -h.score)[:10]
     assert [round(h.score, 4) for h in local] == [round(h.score, 4) for h in remote]
     assert {h.memory_id for h in local} == {h.memory_id for h in remote} or \
         [round(h.score, 4) for h in local][-1] == [round(h.score, 4) for h in local][-2]
@@ -128,7 +128,7 @@ def test_impact_candidates_union_semantic_code_and_graph(deps: Any, small_bundle
     last = small_bundle.entries[-1]
     impacted = impact_stage(link_stage(extract_stage(last, deps), deps), deps)
     cands = next(iter(impacted.candidates.values()))
-    assert 0 < len([c for c in cands if "semantic" in c.channels]) <= deps.impact_budget
+    assert 0 < len([c for c in cands if "semantic" in c.channels]) <= deps.params.impact_budget
     assert {c.store for c in cands} == {Store.ACTIVE, Store.HISTORY}
 
 
@@ -178,8 +178,7 @@ def test_burst_applied_in_batches_equals_sequential(deps: Any, small_bundle: Any
     run_all(small_bundle.entries, deps)
     sequential = comparable()
     deps.states.erase_patient(SMALL_PATIENT)
-    deps.vectors.erase_patient(SMALL_PATIENT)
-    deps.projection.forget(SMALL_PATIENT)
+    deps.vectors.erase_patient(SMALL_PATIENT)  # the projection forgets the patient too
 
     stale = [impact_stage(link_stage(extract_stage(e, deps), deps), deps) for e in small_bundle.entries]
     assert {x.state_version for x in stale} == {0}

@@ -44,8 +44,8 @@ def test_projection_evicts_least_recent_patients_beyond_its_vector_budget() -> N
     proj = VectorProjection(Empty(), max_vectors=5)  # type: ignore[arg-type]
     rows = [VectorRow(f"m{i}", np.ones(4, dtype=np.float32)) for i in range(3)]
     for pid in ("a", "b"):
-        proj.search(pid, 0, np.ones((1, 4), dtype=np.float32), 1)
-        proj.advance(pid, 0, 1, rows)
+        proj.nearest(pid, 0, np.ones((1, 4), dtype=np.float32), 1)
+        proj.committed(pid, 0, 1, rows)
     assert set(proj._patients.keys()) == {"b"}
-    hits = proj.search("b", 1, np.ones((1, 4), dtype=np.float32), 2)[0]
+    hits = proj.nearest("b", 1, np.ones((1, 4), dtype=np.float32), 2)[0]
     assert [h.score for h in hits] == [1.0, 1.0]
