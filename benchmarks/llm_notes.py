@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p = totals["tp"] / max(totals["extracted"], 1)
     rc = totals["tp"] / max(totals["gold"], 1)
     report = {
-        "benchmark": "llm_notes", "model": args.model, "engine": "llama.cpp via Ray Serve (CPU)",
+        "benchmark": "llm_notes", "model": args.model, "prompts": model.prompts, "engine": "llama.cpp via Ray Serve (CPU)",
         "repetition_penalty": model.repetition_penalty, "extract_max_tokens": model.extract_max_tokens,
         "notes": len(per_note), "dead_lettered_notes": sum(r["dead_lettered"] is not None for r in per_note),
         "with_history": not args.no_history, "serve_start_s": round(serve_start_s, 1),

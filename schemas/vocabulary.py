@@ -7,7 +7,7 @@ and what depends on the vocabulary is derived from the rows, never listed a seco
   relation names the language model may answer (``stam.reasoning.prompts.RelationName``) and their prose in
   its link prompt (``prompts.judge_system``).
 - ``Reason``: the reasons the model may give for a fact that ended (``prompts.EndReason``: the ``offered``
-  ones).
+  ones) and how its judge prompt describes them (``prompts.judge_system``).
 - ``ReferenceRole``: the roles source mappers (``stam.sources``) give references; ``ENDING_ROLES`` (an entry
   that names a resource with one of them ends that resource's memories: always an impact candidate, and only
   its own source system may do so) and the roles the coded linker turns into relations.
@@ -47,27 +47,31 @@ class RelationType(StrEnum):
 
 
 # Row: value, description, offered (the language model may give it for a CURRENT fact that ended).
+# Row: value, description, offered (the language model may answer it for a fact that ended), prompt (how the
+# judge prompt's "ended:" line describes it, with the value in brackets; "" leaves it unnamed there).
 class Reason(StrEnum):
     """Why a memory is in HISTORY."""
 
-    SUPERSEDED = "superseded", "a newer fact of the same thing (value, dose, version) replaced it", True
-    RESOLVED = "resolved", "the condition or allergy resolved", True
-    STOPPED = "stopped", "the medication or activity was stopped", True
-    COMPLETED = "completed", "the course, plan or order was completed", True
-    CANCELLED = "cancelled", "cancelled, revoked or not done", True
-    ENTERED_IN_ERROR = "entered-in-error", "the source retracted it (entered in error, refuted)", False
+    SUPERSEDED = ("superseded", "a newer fact of the same thing (value, dose, version) replaced it", True,
+                  "a newer value or dose of the same thing")
+    RESOLVED = "resolved", "the condition or allergy resolved", True, "a resolution"
+    STOPPED = "stopped", "the medication or activity was stopped", True, "a stop"
+    COMPLETED = "completed", "the course, plan or order was completed", True, ""
+    CANCELLED = "cancelled", "cancelled, revoked or not done", True, ""
+    ENTERED_IN_ERROR = "entered-in-error", "the source retracted it (entered in error, refuted)", False, ""
     PRIOR_STATE = ("prior-state", "a new memory that describes an earlier state than one already ACTIVE "
-                   "(late arrival)", False)
+                   "(late arrival)", False, "")
 
     _value_: str
     description: str
     offered: bool
+    prompt: str
 
     if not TYPE_CHECKING:  # mypy would read it as the signature of a lookup by value, which takes no row
-        def __new__(cls, value: str, description: str, offered: bool) -> Reason:
+        def __new__(cls, value: str, description: str, offered: bool, prompt: str) -> Reason:
             member = str.__new__(cls, value)
             member._value_ = value
-            member.description, member.offered = description, offered
+            member.description, member.offered, member.prompt = description, offered, prompt
             return member
 
 

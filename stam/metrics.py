@@ -46,6 +46,8 @@ ARCHIVE_REFUSED = Counter("stam_archive_refused_total", "Archivals refused by th
 CONSUMER_LAG = Gauge("stam_consumer_lag", "Messages of a partition held by this process not yet committed by its "
                      "consumer group: end offset minus committed offset (0 when caught up)",
                      ["group", "topic", "partition"])
+PROMPT_INFO = Gauge("stam_prompt_info", "The prompts this process sends a language model: 1 per purpose, labelled "
+                    "with the prompt's id (purpose/version-fingerprint, stam/llm/prompt.py)", ["purpose", "prompt"])
 READY = Gauge("stam_ready", "A dependency of this process answered its last readiness check (1) or not (0)",
               ["dependency"])
 # Declared for the dashboard (stam/ops/dashboard.py); observed where the query packet is served and where a

@@ -51,6 +51,8 @@ from stam.eval.mimic_qa import Question
 from stam.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
 from stam.eval.qa import exact_match, token_f1
 from stam.eval.state import Replayed, replay_mimic
+from stam.llm.prompt import ids as prompt_ids
+from stam.llm.prompt import prompt
 from stam.read.reader import SYSTEM
 
 SYSTEMS = ("stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context")
@@ -71,8 +73,9 @@ def _chunks(run: Replayed, pid: str) -> list[tuple[RecordEntry, str]]:
     return [(e, "\n".join(texts[e.entry_id])) for e in run.entries[pid] if texts.get(e.entry_id)]
 
 
-READER_SYSTEM = (SYSTEM + " Reply with the answer only: a value with its unit, a medication name, a number, or "
-                 "yes or no; no sentence.")
+SHORT_ANSWER = " Reply with the answer only: a value with its unit, a medication name, a number, or yes or no; no sentence."
+READER_SYSTEM = prompt("answer-short", 1, "{answer}" + SHORT_ANSWER, SYSTEM + SHORT_ANSWER).text
+"""The reader's prompt in an evaluation: the answer prompt, asking for the answer alone (scored by matching)."""
 MATCH_K = 200
 """Threads and per-thread history of a context-matched STAM run: the token budget, not k, decides the size."""
 
@@ -270,6 +273,7 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     report: dict[str, Any] = {
         "questions": len(questions), "patients": len(subjects), "tables": list(tables), "budget": budget,
         "rag_k": rag_k, "k_active": k_active, "k_history": k_history, "reader": getattr(reader, "name", None),
+        "prompts": prompt_ids("answer-short"),
         "stale_current_items": {s: sum(r.get("stale", 0) for r in rows[s]) for s in systems if s.startswith("stam")},
         "systems": {s: _summary(rows[s]) for s in systems},
         "paired_vs_stam": {s: _paired(rows["stam"], rows[s]) for s in systems if s != "stam"}}

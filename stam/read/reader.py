@@ -14,11 +14,14 @@ import asyncio
 from typing import Any, Protocol
 
 from stam.llm.client import LLMClient, Usage
+from stam.llm.prompt import prompt
 
 SYSTEM = ("You answer questions about one patient using only the evidence given: the patient's record with the "
           "time of each fact. A fact marked [current] holds at the time of the record; earlier values and ended "
           "orders held before. A line starting 'Computed from the record' is computed exactly from the record. "
           "Answer briefly; if the evidence does not answer the question, say so.")
+ANSWER = prompt("answer", 1, SYSTEM)
+"""The reader's system prompt (a new wording: a new version, see stam/llm/prompt.py)."""
 
 
 class Reader(Protocol):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from schemas import Store
+from schemas import Reason, Store
 from schemas.query import ComputedFact, EvidenceItem, QueryRequest
 from stam.read.tokens import Tokenizer
 
@@ -88,9 +88,13 @@ def _resource_line(items: Sequence[EvidenceItem], labels: bool, shown: set[str])
     if labels and last.reason is not None:
         line += f" ({last.reason.value})"
     if (last.successor_text and last.successor_id not in shown and last.reason is not None
-            and last.reason.value == "superseded" and newest.category.value in _ORDERS):
+            and last.reason is Reason.SUPERSEDED and newest.category.value in _ORDERS):
         line += f", changed into {last.successor_text}"
     return line
+
+
+_ORDER_ENDS = frozenset({Reason.STOPPED, Reason.CANCELLED})
+"""Reasons an order ends for (rather than changes into another order)."""
 
 
 def _end_key(i: EvidenceItem) -> float:
@@ -110,8 +114,7 @@ def render_block(items: Sequence[EvidenceItem], *, labels: bool) -> str:
             key = i.source_ref if i.source_ref and i.concept else i.memory_id
             groups.setdefault(key, []).append(i)
         # An order's end that is its own entry (a POE discontinuation) is said on the order's line.
-        ends = {i.successor_id for i in items if i.successor_id and i.reason is not None
-                and i.reason.value in ("stopped", "cancelled")}
+        ends = {i.successor_id for i in items if i.successor_id and i.reason in _ORDER_ENDS}
         shown = {i.memory_id for i in items}
         lines = [_resource_line(g, labels, shown) for g in groups.values()
                  if not all(i.memory_id in ends and i.store is Store.HISTORY for i in g)]

@@ -34,6 +34,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from schemas import Reason
 from stam.read.intent import Intent
 from stam.read.timeline import Timeline, View, from_epoch, words
 
@@ -361,10 +362,10 @@ def _fill(tl: Timeline, view: View, live: np.ndarray, intent: Intent | None, pic
 def _ends_order(tl: Timeline, i: int) -> bool:
     """An order version that, once in HISTORY, was discontinued, or changed into another order (not replaced by
     a newer version of itself, such as the pharmacy's start of a POE order)."""
-    reason = tl.reason[i]
-    if reason in ("stopped", "cancelled"):
+    reason = tl.reason[i]  # the Reason's value (a StrEnum compares equal to it)
+    if reason in (Reason.STOPPED, Reason.CANCELLED):
         return True
-    if reason == "superseded" and tl.succ[i] >= 0:
+    if reason == Reason.SUPERSEDED and tl.succ[i] >= 0:
         return tl.source[i] != tl.source[int(tl.succ[i])]
     return False
 
@@ -540,7 +541,7 @@ def _order_fact(tl: Timeline, view: View, picks: Sequence[Pick], intent: Intent,
         return Fact("active", f"{name}, an order active{upto} (the last one ended {_time(_end_time(tl, last))}"
                     f"{why}): no", (tl.ids[last],))
     if intent.kind == "changed_into":
-        changed = [i for i in orders if view.history[i] and tl.reason[i] == "superseded" and tl.succ[i] >= 0
+        changed = [i for i in orders if view.history[i] and tl.reason[i] == Reason.SUPERSEDED and tl.succ[i] >= 0
                    and tl.source[int(tl.succ[i])] != tl.source[i]]
         if not changed:
             return None

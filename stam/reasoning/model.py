@@ -148,6 +148,8 @@ class ModelReasoner:
         """Calls and tokens per kind of judgement (the client's ``usage`` has the totals)."""
         self._cache: LRU[str, str] = LRU(cache_size)
         self._stats_lock = threading.Lock()
+        self.prompts = {p.purpose: p.id for p in (prompts.EXTRACT, prompts.JUDGE)}
+        """The prompt versions this reasoner sends (``stam.llm.prompt``), for reports."""
 
     def _count(self, **inc: int) -> None:
         with self._stats_lock:

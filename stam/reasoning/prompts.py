@@ -1,5 +1,8 @@
 """Prompts of the language-model reasoner, each beside the pydantic model of its output.
 
+Each is registered with its version in ``stam.llm.prompt`` (``EXTRACT``, ``JUDGE``): change the words of a
+template and its version with it (``tests/unit/test_prompts.py`` pins them).
+
 The JSON schema of each output model is sent as ``response_format`` (the engine constrains decoding to
 it); the reply is then validated with the same model, so a reply that is not what the schema says never
 reaches the state. Candidates are numbered in the prompt and answered by number, which keeps replies short
@@ -16,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from schemas.vocabulary import Reason, RelationType
+from stam.llm.prompt import prompt
 
 FactCategory = Literal["condition", "medication", "observation", "procedure", "allergy", "immunization",
                        "careplan", "encounter", "social", "symptom"]
@@ -79,6 +83,11 @@ _EXAMPLE_FACTS = Extraction(facts=[
 ])
 
 
+EXTRACT = prompt("extract", 1, EXTRACT_SYSTEM + "\n\n" + _EXAMPLE_NOTE + "\n\n"
+                 + _EXAMPLE_FACTS.model_dump_json(exclude_none=True))
+"""Extraction: the system text and the worked example (the template has nothing derived)."""
+
+
 def extract_messages(text: str, context: Sequence[str] = ()) -> list[dict[str, str]]:
     known = ("Coded facts already recorded for this entry (do not repeat them):\n"
              + "\n".join(f"- {c}" for c in context) + "\n\n" if context else "")
@@ -107,23 +116,31 @@ class Judgement(_Out):
     ended: list[Ended] = Field(default_factory=list, max_length=12)
 
 
+JUDGE_TEMPLATE = (
+    "You maintain a patient's memory. You get a NEW fact and numbered existing facts: CURRENT ones hold "
+    "now, PAST ones held before. Decide:\n"
+    "new_is: 'current', or 'past' if the NEW fact only describes an earlier state (then past_reason).\n"
+    "links: CURRENT facts the NEW fact is clinically related to: {relations}.\n"
+    "ended: CURRENT facts that the NEW fact shows no longer hold: {ended}. A fact that is only similar still "
+    "holds: leave it out. Most NEW facts end nothing.\n"
+    "Reply in JSON."
+)
+"""The link+update system prompt; ``{relations}`` and ``{ended}`` come from schemas/vocabulary.py."""
+
+ENDED_NAMED = (Reason.SUPERSEDED, Reason.STOPPED, Reason.RESOLVED)
+"""The end reasons the "ended:" line describes, in the order it names them (each with its ``prompt`` prose)."""
+
+
 def judge_system(relations: Iterable[RelationType] = tuple(RelationType)) -> str:
-    """The system prompt of the link+update call; its relation prose is each type's ``prompt`` in
-    schemas/vocabulary.py, in table order."""
+    """The system prompt of the link+update call: :data:`JUDGE_TEMPLATE` with each relation type's ``prompt``
+    (table order) and each named end reason's ``prompt`` filled in."""
     prose = ", ".join(f"{r.value} ({r.prompt})" if r.prompt else r.value for r in relations)
-    return (
-        "You maintain a patient's memory. You get a NEW fact and numbered existing facts: CURRENT ones hold "
-        "now, PAST ones held before. Decide:\n"
-        "new_is: 'current', or 'past' if the NEW fact only describes an earlier state (then past_reason).\n"
-        f"links: CURRENT facts the NEW fact is clinically related to: {prose}.\n"
-        "ended: CURRENT facts that the NEW fact shows no longer hold: a newer value or dose of the same thing "
-        "(superseded), a stop (stopped), a resolution (resolved). A fact that is only similar still holds: "
-        "leave it out. Most NEW facts end nothing.\n"
-        "Reply in JSON."
-    )
+    ended = ", ".join(f"{r.prompt} ({r.value})" for r in ENDED_NAMED)
+    return JUDGE_TEMPLATE.format(relations=prose, ended=ended)
 
 
 JUDGE_SYSTEM = judge_system()
+JUDGE = prompt("judge", 1, JUDGE_TEMPLATE, JUDGE_SYSTEM)
 
 
 def judge_messages(new: str, new_date: str | None, current: Sequence[str],

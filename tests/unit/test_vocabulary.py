@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCE = (ROOT / "schemas" / "vocabulary.py").read_text()
 ROWS: dict[type[StrEnum], dict[str, type | tuple[type, ...]]] = {
     RelationType: {"directed": bool, "weight": float, "prompt": str},
-    Reason: {"description": str, "offered": bool},
+    Reason: {"description": str, "offered": bool, "prompt": str},
     ReferenceRole: {"description": str, "ends": bool, "links": bool, "link_weight": (float, type(None))},
 }
 
