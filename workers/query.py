@@ -35,6 +35,7 @@ from aiohttp.web import HTTPRequestEntityTooLarge
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
+from stam.compose import build_query_service
 from stam.config import Settings
 from stam.errors import Erased, SealBroken
 from stam.logs import faust_logging
@@ -54,29 +55,10 @@ RETRY_AFTER_S = 5
 
 
 def build_service(settings: Settings, runtime: Runtime) -> QueryService:
-    from stam.read.asof import read_patient_transitions
-    from stam.read.gate import load_gate
-    from stam.read.reader import OpenAIReader
-    from stam.read.service import TimelineCache
-    from stam.read.tokens import load_tokenizer
-
+    """The query service of this process (stam.compose.build_query_service), with its thread pools bounded."""
     if settings.query_threads:
         limit_threads(settings.query_threads)
-    deps = runtime.deps
-    reader = None
-    if settings.reader_url:
-        reader = OpenAIReader(settings.reader_url, settings.reader_model or "default",
-                              api_key=settings.reader_api_key.get_secret_value() if settings.reader_api_key else "",
-                              timeout_s=settings.reader_timeout_s)
-
-    async def transitions(patient_id: str) -> list[Any]:
-        return await read_patient_transitions(settings, patient_id, sealer=runtime.sealer)
-
-    return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
-                        tokenizer=load_tokenizer(settings.tokenizer or settings.embedding_model),
-                        gate=load_gate(settings.resolved_gate_file(), settings.gate_threshold),
-                        cache=TimelineCache(settings.query_cache_memories), reader=reader, transitions=transitions,
-                        threads=settings.query_concurrency)
+    return build_query_service(settings, runtime.deps, runtime.sealer)
 
 
 def limit_threads(n: int) -> None:

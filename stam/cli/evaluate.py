@@ -139,6 +139,7 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
     import random
     import tempfile
 
+    from stam.compose import local_query_service
     from stam.embedding import Embedder
     from stam.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
     from stam.eval.mimic_qa import build_questions
@@ -146,7 +147,6 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
     from stam.eval.state import replay_mimic
     from stam.read.gate import StoreGate, calibrate, write_gate_file
     from stam.read.reader import LocalReader, OpenAIReader
-    from stam.read.service import QueryService
     from stam.read.tokens import load_tokenizer
 
     reader: Any = (OpenAIReader(args.reader_url, args.reader_model, timeout_s=600.0, max_tokens=64,
@@ -173,8 +173,7 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
                                workdir=Path(args.replay_dir or work) / "stam", embedder=embedder,
                                keep=bool(args.replay_dir))
             try:
-                svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=embedder,
-                                   tokenizer=tokenizer, gate=gate)
+                svc = local_query_service(run.deps, embedder=embedder, tokenizer=tokenizer, gate=gate)
                 got, rows = mimic_samples(svc, questions, answer, limit=args.limit)
             finally:
                 run.close()
@@ -185,8 +184,7 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
                                        per_patient=args.per_patient)
             try:
                 random.Random(args.seed).shuffle(items)
-                svc = QueryService(states=run.deps.states, vectors=run.deps.vectors, embedder=embedder,
-                                   tokenizer=tokenizer, gate=gate)
+                svc = local_query_service(run.deps, embedder=embedder, tokenizer=tokenizer, gate=gate)
                 got, rows = labelled_samples(svc, items, answer, limit=args.limit)
             finally:
                 run.close()

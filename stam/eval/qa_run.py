@@ -156,9 +156,9 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     with ``match`` (a comparator system), STAM again at a token budget equal to that system's median.
     ``keep_replay``: keep the replay in ``workdir`` and reuse one kept there (see ``replay_mimic``). ``systems``:
     which systems to run (default :data:`SYSTEMS`; ``stam`` always runs, the others are compared with it)."""
+    from stam.compose import local_query_service
     from stam.embedding import Embedder
     from stam.read.gate import StoreGate
-    from stam.read.service import QueryService
     from stam.read.tokens import load_tokenizer
     from stam.sources.mimic import TABLES
 
@@ -175,11 +175,10 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     systems = chosen
     try:
         gate = StoreGate()
-        services = {"stam": QueryService(states=stam.deps.states, vectors=stam.deps.vectors, embedder=embedder,
-                                         tokenizer=tokenizer, gate=gate),
-                    "append-only+threads": QueryService(states=AppendOnlyStates(stam.deps.states),  # type: ignore[arg-type]
-                                                        vectors=stam.deps.vectors, embedder=embedder,
-                                                        tokenizer=tokenizer, gate=gate)}
+        services = {"stam": local_query_service(stam.deps, embedder=embedder, tokenizer=tokenizer, gate=gate),
+                    "append-only+threads": local_query_service(
+                        stam.deps, states=AppendOnlyStates(stam.deps.states),  # type: ignore[arg-type]
+                        embedder=embedder, tokenizer=tokenizer, gate=gate)}
         series: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
         item_of: dict[str, str] = {}
         stops: dict[str, datetime] = {}

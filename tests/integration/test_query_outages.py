@@ -25,10 +25,10 @@ import pytest
 import redis
 
 from schemas.query import QueryAnswer, QueryRequest
+from stam.compose import local_query_service
 from stam.crypto import sealer_for
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
-from stam.read.tokens import load_tokenizer
 from stam.stages import process_entry
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import opened
@@ -56,9 +56,7 @@ class SlowEmbedder:
 
 
 def _service(deps: Any, *, embedder: Any = None, threads: int = 2) -> QueryService:
-    return QueryService(states=deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,
-                        tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate(0.0),
-                        threads=threads)
+    return local_query_service(deps, embedder=embedder, gate=StoreGate(0.0), threads=threads)
 
 
 def _req(n: int = 1) -> QueryRequest:

@@ -17,9 +17,9 @@ import pytest
 
 from schemas import Store, TransitionEvent
 from schemas.query import GateMode, QueryRequest, Visibility
+from stam.compose import local_query_service
 from stam.read.gate import StoreGate
 from stam.read.service import NO_READER, QueryService, TimelineCache
-from stam.read.tokens import load_tokenizer
 from stam.sources.fhir_r4 import load_bundle
 from stam.stages import process_entry
 from tests.conftest import BUNDLES, SMALL_PATIENT
@@ -41,9 +41,8 @@ def service(deps: Any, *, events: list[TransitionEvent] | None = None, cache: in
     async def log(_pid: str) -> list[TransitionEvent]:
         return list(events or [])
 
-    return QueryService(states=deps.states, vectors=deps.vectors, embedder=deps.embedder,
-                        tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate(0.0),
-                        transitions=log if events is not None else None, cache=TimelineCache(cache))
+    return local_query_service(deps, gate=StoreGate(0.0), transitions=log if events is not None else None,
+                               cache=TimelineCache(cache))
 
 
 def ask(svc: QueryService, question: str, **kw: Any) -> Any:

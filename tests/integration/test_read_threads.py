@@ -20,11 +20,9 @@ import pytest
 
 from schemas import Store
 from schemas.query import QueryRequest
+from stam.compose import local_query_service
 from stam.eval.mimic_qa import build_questions
 from stam.eval.qa import normalize_answer
-from stam.read.gate import StoreGate
-from stam.read.service import QueryService
-from stam.read.tokens import load_tokenizer
 from stam.sources.mimic import TABLES
 from tests.conftest import DATA
 
@@ -47,8 +45,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Iterato
 
 
 def test_every_template_gets_its_evidence_and_the_rows_answer(replayed: Any, embedder: Any) -> None:
-    svc = QueryService(states=replayed.deps.states, vectors=replayed.deps.vectors, embedder=embedder,
-                       tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate())
+    svc = local_query_service(replayed.deps, embedder=embedder)
     questions = build_questions(MIMIC, subjects=[PATIENT])
     assert len({q.qtype for q in questions}) == 12
     later: dict[str, list[datetime]] = {}  # lab results by item, to check nothing stale is served as current
@@ -71,8 +68,7 @@ def test_every_template_gets_its_evidence_and_the_rows_answer(replayed: Any, emb
 
 
 def test_order_questions_are_computed_from_the_orders_of_the_named_drug(replayed: Any, embedder: Any) -> None:
-    svc = QueryService(states=replayed.deps.states, vectors=replayed.deps.vectors, embedder=embedder,
-                       tokenizer=load_tokenizer("all-MiniLM-L6-v2"), gate=StoreGate())
+    svc = local_query_service(replayed.deps, embedder=embedder)
     questions = [q for q in build_questions(MIMIC, subjects=[PATIENT])
                  if q.qtype in ("drug_active_at", "order_changed_into", "current_medication",
                                 "discontinued_medication")]
