@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stam.errors import StackError
+
+log = logging.getLogger("stam.stack")
 
 ORDER = ("s3", "broker", "redis", "milvus")
 BUCKET = "tansu"
@@ -231,6 +235,30 @@ def _specs(home: Path, storage: str, fsync: str, ports: dict[str, dict[str, int]
     return procs
 
 
+PORT_RACE_ATTEMPTS = 3
+_PORT_TAKEN = re.compile(r"address already in use|address in use|port \d+ .*is not available|failed to add port")
+"""What the servers log (lowered) when their port is taken: EADDRINUSE as Redis and Milvus Lite say it, as
+Tansu says it ("Address in use"), SeaweedFS's own check."""
+
+
+def _log_size(log_file: Path) -> int:
+    try:
+        return log_file.stat().st_size
+    except OSError:
+        return 0
+
+
+def _lost_port_race(log_file: Path, since: int) -> bool:
+    """What the process logged after ``since`` says its port was taken (a bind race with another process)."""
+    try:
+        with log_file.open("rb") as f:
+            f.seek(max(since, _log_size(log_file) - 65536))
+            said = f.read().decode(errors="replace").lower()
+    except OSError:
+        return False
+    return _PORT_TAKEN.search(said) is not None
+
+
 def _start(p: Process, home: Path) -> None:
     log = Path(p.log)
     with log.open("ab") as out:
@@ -288,17 +316,28 @@ def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None
             if time.monotonic() > deadline:
                 raise StackError(f"{name} is not running but its port {p.port} is taken by another process")
             time.sleep(0.2)
-    started: list[str] = []
-    try:
-        for name in ORDER:
-            if name in dead:
-                _start(info.processes[name], home)
-                started.append(name)
-    except BaseException:
-        if info.stopped:
-            for name in started:
-                _kill(info.processes[name].pid, signal.SIGKILL)
-        raise
+    for attempt in range(PORT_RACE_ATTEMPTS):
+        started: list[str] = []
+        logged = {n: _log_size(Path(p.log)) for n, p in info.processes.items()}
+        try:
+            for name in ORDER:
+                if name in dead:
+                    _start(info.processes[name], home)
+                    started.append(name)
+            break
+        except BaseException as exc:
+            if info.stopped:
+                for name in started:
+                    _kill(info.processes[name].pid, signal.SIGKILL)
+            failed = next((info.processes[n] for n in ORDER if n in dead and n not in started), None)
+            if not (info.stopped and isinstance(exc, StackError) and failed is not None
+                    and _lost_port_race(Path(failed.log), logged[failed.name]) and attempt + 1 < PORT_RACE_ATTEMPTS):
+                raise
+            # A port found free was taken by another process before ours bound it (another stack starting on
+            # this machine): nothing of this stack runs yet, so start it again on fresh ports.
+            log.warning("%s lost its port to another process while starting; starting the stack on new ports",
+                        failed.name)
+            info.processes = _specs(home, info.broker_storage, info.redis_fsync, {})
     info.stopped = False
     kp = info.processes["broker"].port
     info.broker_url = f"kafka://127.0.0.1:{kp}"
