@@ -95,7 +95,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce
     embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
                                     shared=RedisVectorCache(client, prefix=settings.collection_prefix))
     vectors: VectorStore = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
-                                prefix=settings.collection_prefix, token=milvus_token(settings))
+                                             prefix=settings.collection_prefix, token=milvus_token(settings))
     states = RedisStateStore(client, prefix=settings.collection_prefix,
                              cache_size=settings.state_cache_patients)
     if settings.impact_search == "projection":

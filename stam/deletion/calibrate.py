@@ -72,6 +72,8 @@ def calibrate(types: Sequence[TypeScores], alpha: float = 0.01, criterion: str =
     no ``tau`` is feasible."""
     if not 0 < alpha < 1:
         raise ValueError("alpha must be between 0 and 1")
+    if criterion not in CRITERIA:
+        raise ValueError(f"unknown criterion {criterion!r}; known: {', '.join(CRITERIA)}")
     if (1.0 / (len(types) + 1)) > alpha:
         return math.inf  # even with no loss at all, n calibration types cannot certify alpha
     # Loss only falls as tau rises, so the feasible taus are an upward-closed set: bisect over score values.

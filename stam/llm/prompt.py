@@ -11,9 +11,9 @@ in ``stam/eval/qa_run.py``), and registered here with :func:`prompt`. Two parts:
   reasons of ``schemas/vocabulary.py``). Adding a relation type changes the text, not the template: no version
   to bump, and the prompt's :attr:`Prompt.id` still changes with it.
 
-``Prompt.id`` (``judge/v1-3f2a9c1e``: purpose, version, fingerprint of the text) is what evaluation reports and
-the model reasoner's start-up line name, and the metric ``stam_prompt_info`` carries, so a figure can always be
-traced to the exact words that produced it.
+``Prompt.id`` (``judge/v1-d797eb05``: purpose, version, fingerprint of the text) is what evaluation and
+benchmark reports and ``ModelReasoner.prompts`` name, and the metric ``stam_prompt_info`` carries, so a figure
+can always be traced to the exact words that produced it.
 """
 
 from __future__ import annotations

@@ -110,3 +110,37 @@ def test_labels_from_codes() -> None:
     assert concept_type(hr) == f"{CodeSystem.LOINC.value}|8867-4"
     assert concept_type(note) == "condition:chest pain resolved"
     assert S.protected is False and U.protected and N.protected
+
+
+def test_candidates_are_archived_memories_less_what_the_record_needs() -> None:
+    from datetime import UTC, datetime
+
+    from schemas import Reason, Relation, RelationType, Store
+    from stam.deletion.candidates import Keep, Source, relink, select
+    from stam.state import PatientState
+
+    at = datetime(2020, 1, 1, tzinfo=UTC)
+
+    def mem(mid: str, category: Category = Category.OBSERVATION) -> AtomicMemory:
+        return AtomicMemory(memory_id=mid, patient_id="p", entry_id=f"e-{mid}", category=category, text=mid,
+                            position=0)
+
+    s = PatientState("p")
+    # A series v1 -> v2 -> v3 -> v4 (ACTIVE); a stopped drug related to an ACTIVE condition; a lone old value.
+    for mid in ("v1", "v2", "v3", "v4", "cond", "drug", "lone"):
+        s.add(mem(mid), Store.ACTIVE)
+    s.relate(Relation(source_id="drug", target_id="cond", type=RelationType.TREATMENT_FOR))
+    s.archive("v1", reason=Reason.SUPERSEDED, successor_id="v2", evidence_id="v2", entry_id="e", at=at)
+    s.archive("v2", reason=Reason.SUPERSEDED, successor_id="v3", evidence_id="v3", entry_id="e", at=at)
+    s.archive("v3", reason=Reason.SUPERSEDED, successor_id="v4", evidence_id="v4", entry_id="e", at=at)
+    s.archive("drug", reason=Reason.STOPPED, successor_id=None, evidence_id=None, entry_id="e", at=at)
+    s.archive("lone", reason=Reason.SUPERSEDED, successor_id=None, evidence_id=None, entry_id="e", at=at)
+
+    sel = select(s, proposals=["lone", "v4"])
+    assert {c.stored.memory.memory_id for c in sel.candidates} == {"v2", "lone"}
+    assert sel.kept == {"v1": Keep.THREAD_START, "v3": Keep.BEFORE_CURRENT, "drug": Keep.RELATED,
+                        "v4": Keep.ACTIVE}
+    assert next(c.sources for c in sel.candidates if c.stored.memory.memory_id == "lone") == {Source.SWEEP,
+                                                                                              Source.PROPOSAL}
+    assert [c.stored.memory.memory_id for c in select(s, proposals=["lone"], sweep=False).candidates] == ["lone"]
+    assert relink(s, "v2") == [("v1", "v3")]  # deleting v2 re-points v1 to v3: the chain stays whole
