@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+import stam.deletion.judge
 import stam.eval.qa_run
 import stam.read.reader
 import stam.reasoning.prompts as prompts
@@ -21,6 +22,7 @@ PINNED = {
     "judge": {1: "bae2ef72"},
     "answer": {1: "95a549da"},
     "answer-short": {1: "0f19c377"},
+    "endurance": {1: "8b217688"},
 }
 
 
@@ -28,6 +30,7 @@ def test_every_prompt_sent_is_registered_and_pinned() -> None:
     assert set(PROMPTS) == set(PINNED)
     assert stam.reasoning.prompts.EXTRACT is PROMPTS["extract"]
     assert stam.read.reader.ANSWER is PROMPTS["answer"]
+    assert stam.deletion.judge.ENDURANCE is PROMPTS["endurance"]
     assert PROMPTS["answer-short"].text == stam.eval.qa_run.READER_SYSTEM
 
 
