@@ -89,3 +89,35 @@ def test_labels_round_trip_and_the_sources_are_compared(tmp_path: Path) -> None:
     assert read_labels(path) == [*codes, *judge]
     assert json.loads(path.read_text().splitlines()[0])["endurance"] == "safe-to-forget"
     assert examples(hr * 2) == ["Heart rate 80 /min"]  # distinct texts only
+
+
+def test_splits_are_by_type_and_the_head_learns_a_separable_set(tmp_path: Path) -> None:
+    import numpy as np
+    import pytest
+
+    from stam.deletion.scorer import Head, render, split_types, train
+
+    labels = {f"t{i}": (Endurance.SAFE, Endurance.UNCERTAIN, Endurance.NEVER_FORGET)[i % 3] for i in range(30)}
+    split = split_types(labels, seed=1)
+    assert set(split) == set(labels) and set(split.values()) == {"train", "dev", "calibration"}
+    for e in Endurance:  # stratified: 10 types per label cut 5 / 2 / 3
+        mine = [split[t] for t, x in labels.items() if x is e]
+        assert (mine.count("train"), mine.count("dev"), mine.count("calibration")) == (5, 2, 3)
+    assert split_types(labels, seed=1) == split and split_types(labels, seed=2) != split
+    with pytest.raises(ValueError):
+        split_types(labels, (0.5, 0.5, 0.0))
+
+    rng = np.random.default_rng(0)
+    types = [f"t{i}" for i in range(40) for _ in range(1 + (i % 5) * 10)]  # types of very different sizes
+    safe = np.asarray([int(t[1:]) % 2 for t in types], dtype=np.float32)
+    x = rng.normal(size=(len(types), 8)).astype(np.float32) + np.outer(safe * 2 - 1, np.ones(8)) * 1.5
+    head = train(x, safe, encoder="test", types=types)
+    scores = head.score(x)
+    assert scores[safe == 1].min() > scores[safe == 0].max() - 0.5
+    assert ((scores > 0.5) == (safe == 1)).mean() > 0.95
+    head.save(tmp_path / "head.npz")
+    again = Head.load(tmp_path / "head.npz")
+    assert np.allclose(again.score(x), scores) and again.trained_on == head.trained_on
+    with pytest.raises(ValueError):
+        train(x, np.ones_like(safe), encoder="test", types=types)
+    assert render(_mem(1, "8867-4", "Heart rate", "Heart rate 80 /min")) == "observation | Heart rate | Heart rate 80 /min"
