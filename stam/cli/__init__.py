@@ -9,6 +9,7 @@
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
+  stam deletion calibrate       the deletion gate's labels, scorer and threshold on a replayed store (deletes nothing)
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
   stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
@@ -30,7 +31,20 @@ import argparse
 import logging
 import sys
 
-from stam.cli import deadletters, demo, erasure, evaluate, publish, query, serve, stack, state, transitions, worker
+from stam.cli import (
+    deadletters,
+    deletion,
+    demo,
+    erasure,
+    evaluate,
+    publish,
+    query,
+    serve,
+    stack,
+    state,
+    transitions,
+    worker,
+)
 from stam.cli.common import load_settings
 from stam.cli.transitions import _consume_transitions
 from stam.config import Settings
@@ -39,7 +53,7 @@ __all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "m
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
-GROUPS = (stack, worker, publish, query, serve, transitions, state, deadletters, erasure, demo, evaluate)
+GROUPS = (stack, worker, publish, query, serve, transitions, state, deadletters, erasure, deletion, demo, evaluate)
 
 
 def version() -> str:

@@ -1,0 +1,101 @@
+"""The gate's calibration run on a replayed store (``stam deletion calibrate``): label the concept types of the
+candidates, split them, train the head, choose tau on the sealed calibration split, and report the paper's
+diagnostics. Nothing is deleted here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from datetime import date
+from typing import Any
+
+import numpy as np
+
+from schemas import AtomicMemory
+from stam.deletion.calibrate import NEVER_FORGET_ONLY, STRICT, TypeScores, calibrate, diagnose, resplit_check
+from stam.deletion.candidates import select
+from stam.deletion.judge import Label, agreement, code_labels, judge_type
+from stam.deletion.labels import Endurance
+from stam.deletion.scorer import render, split_types, train
+from stam.state import PatientState
+
+
+def candidate_types(states: Iterable[PatientState]) -> tuple[dict[str, list[AtomicMemory]], dict[str, int]]:
+    """The candidates of every patient (:func:`stam.deletion.candidates.select`) grouped by concept type, and how
+    many HISTORY memories each keep rule held back."""
+    from stam.deletion.judge import by_type
+
+    memories: list[AtomicMemory] = []
+    kept: dict[str, int] = {}
+    for state in states:
+        sel = select(state)
+        memories.extend(c.stored.memory for c in sel.candidates)
+        for why in sel.kept.values():
+            kept[why.value] = kept.get(why.value, 0) + 1
+    return by_type(memories), kept
+
+
+def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
+                progress: Callable[[int, int], None] | None = None) -> tuple[list[Label], list[Label]]:
+    """(labels used, labels from codes). With a judge (an LLMClient) every type is judged and the codes are only
+    compared; without one, the codes' labels are used and the types they do not decide are left out."""
+    today = date.today()
+    codes = code_labels(types, today=today)
+    if judge is None:
+        return codes, codes
+    out = []
+    for i, (_t, ms) in enumerate(sorted(types.items()), 1):
+        out.append(judge_type(judge, ms, today=today))
+        if progress is not None:
+            progress(i, len(types))
+    return out, codes
+
+
+def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], embed: Callable[[list[str]], Any],
+                    *, encoder: str, alpha: float = 0.01, seed: int = 0, rounds: int = 200) -> dict[str, Any]:
+    label_of = {x.concept_type: x.endurance for x in labels if x.concept_type in types}
+    split = split_types(label_of, seed=seed)
+    rows = [(t, m) for t in sorted(label_of) for m in types[t]]
+    if not rows:
+        raise ValueError("no labelled candidate memories")
+    vectors = np.asarray(embed([render(m) for _, m in rows]), dtype=np.float32)
+    part = np.asarray([split[t] for t, _ in rows])
+    safe = np.asarray([label_of[t] is Endurance.SAFE for t, _ in rows], dtype=np.float32)
+    names = [t for t, _ in rows]
+    tr = part == "train"
+    head = train(vectors[tr], safe[tr], encoder=encoder, types=[n for n, k in zip(names, tr, strict=True) if k],
+                 seed=seed)
+    scores = head.score(vectors)
+
+    def grouped(mask: np.ndarray) -> list[TypeScores]:
+        by: dict[str, list[float]] = {}
+        for n, s, k in zip(names, scores.tolist(), mask.tolist(), strict=True):
+            if k:
+                by.setdefault(n, []).append(s)
+        return [TypeScores(t, label_of[t], tuple(v)) for t, v in sorted(by.items())]
+
+    cal, dev, everything = grouped(part == "calibration"), grouped(part == "dev"), grouped(np.ones_like(tr))
+    taus = {c: calibrate(cal, alpha, c) for c in (STRICT, NEVER_FORGET_ONLY)}
+
+    def fin(x: float) -> float | None:
+        return None if math.isinf(x) else round(x, 6)
+
+    counts = {e.value: sum(1 for x in label_of.values() if x is e) for e in Endurance}
+    return {
+        "alpha": alpha, "seed": seed, "encoder": encoder, "head_trained_on": head.trained_on,
+        "types": {"candidates": len(types), "labelled": len(label_of), "by_label": counts,
+                  "by_split": {k: sum(1 for v in split.values() if v == k) for k in ("train", "dev", "calibration")}},
+        "memories": {"labelled": len(rows), "by_split": {k: int((part == k).sum())
+                                                         for k in ("train", "dev", "calibration")}},
+        "dev": diagnose(dev, 0.5).as_dict(),
+        "tau": {c: fin(t) for c, t in taus.items()},
+        "calibration_split": {c: diagnose(cal, t).as_dict() for c, t in taus.items()},
+        "store": {c: diagnose(everything, t).as_dict() for c, t in taus.items()},
+        "resplit": resplit_check(cal + dev, alpha, rounds=rounds, seed=seed),
+        "paper": {"tau": 0.988, "removed_share": 0.023, "safe_recall": 0.161, "safe_precision": 0.929,
+                  "never_forget_loss": 0.003},
+    }
+
+
+__all__ = ["agreement", "calibration_run", "candidate_types", "label_types"]
