@@ -37,8 +37,18 @@ ENDURANCE_SYSTEM = (
     "uncertain: it may matter, or the examples do not say enough to tell.\n"
     "When in doubt, answer uncertain. Reply in JSON."
 )
-ENDURANCE = prompt("endurance", 1, ENDURANCE_SYSTEM)
-"""The judge's prompt (a new wording: a new version, see stam/llm/prompt.py)."""
+# Worked examples (invented, none from the data): the packaged 1.5B model answered at random without them
+# (a heart rate "never-forget", a diagnosis and warfarin "safe-to-forget") and sensibly with them.
+_SHOTS = (
+    ("Concept: observation: Respiratory rate\nExamples:\n- Respiratory rate 16 /min\n- Respiratory rate 18 /min",
+     "safe-to-forget"),
+    ("Concept: condition: Appendicitis\nExamples:\n- Appendicitis; status resolved", "never-forget"),
+    ("Concept: medication: Amoxicillin 500 mg oral capsule\nExamples:\n- Amoxicillin 500 mg oral capsule; status "
+     "completed", "uncertain"),
+)
+ENDURANCE = prompt("endurance", 2, "\n\n".join([ENDURANCE_SYSTEM, *(f"{q}\n=> {a}" for q, a in _SHOTS)]))
+"""The judge's prompt: the system text and three worked examples (a new wording: a new version, see
+stam/llm/prompt.py). Version 1 had no examples."""
 
 
 class Verdict(BaseModel):
@@ -80,7 +90,9 @@ def concept_name(memories: Sequence[AtomicMemory]) -> str:
 
 def label_messages(concept: str, shown: Sequence[str]) -> list[dict[str, str]]:
     lines = [f"Concept: {concept}", "Examples:", *(f"- {t}" for t in shown)]
-    return [{"role": "system", "content": ENDURANCE.text}, {"role": "user", "content": "\n".join(lines)}]
+    shots = [turn for q, a in _SHOTS for turn in ({"role": "user", "content": q},
+                                                   {"role": "assistant", "content": json.dumps({"endurance": a})})]
+    return [{"role": "system", "content": ENDURANCE_SYSTEM}, *shots, {"role": "user", "content": "\n".join(lines)}]
 
 
 def judge_type(client: LLMClient, memories: Sequence[AtomicMemory], *, today: date | None = None,

@@ -58,8 +58,10 @@ async def test_the_judge_sees_the_concept_and_three_spread_examples_and_its_verd
         assert label == Label(f"{CodeSystem.LOINC.value}|2339-0", Endurance.SAFE, "judge", "qwen-judge",
                               ENDURANCE.id, "2026-11-25", 3)
         body = seen[0]
-        assert body["messages"][0]["content"] == ENDURANCE.text
-        user = body["messages"][1]["content"]
+        assert body["messages"][0]["content"] in ENDURANCE.text  # system text, then the worked examples
+        assert [m["role"] for m in body["messages"]] == ["system"] + ["user", "assistant"] * 3 + ["user"]
+        assert all(m["content"].split("\n")[0] in ENDURANCE.text for m in body["messages"][1:-1:2])
+        user = body["messages"][-1]["content"]
         assert user.startswith("Concept: observation: Glucose\nExamples:")
         assert [ln for ln in user.splitlines() if ln.startswith("- ")] == [
             "- Glucose 100 mg/dL", "- Glucose 103 mg/dL", "- Glucose 106 mg/dL"]  # first, middle, last

@@ -22,7 +22,7 @@ PINNED = {
     "judge": {1: "bae2ef72"},
     "answer": {1: "95a549da"},
     "answer-short": {1: "0f19c377"},
-    "endurance": {1: "8b217688"},
+    "endurance": {1: "8b217688", 2: "752ad622"},
 }
 
 
