@@ -48,9 +48,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         labels, codes = read_labels(Path(args.labels)), label_types(types)[1]
         print(f"labels read from {args.labels}", file=sys.stderr)
     else:
-        print(f"labelling {len(types)} concept types ({'judge ' + judge.model if judge else 'codes only'}) ...",
-              file=sys.stderr)
-        labels, codes = label_types(types, judge=judge)
+        from tqdm import tqdm
+
+        with tqdm(total=len(types), desc=f"labelling ({'judge ' + judge.model if judge else 'codes only'})",
+                  unit=" types", file=sys.stderr, disable=judge is None) as bar:
+            labels, codes = label_types(types, judge=judge, progress=lambda n, _total: bar.update(n - bar.n))
         if args.labels:
             write_labels(Path(args.labels), labels)
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
@@ -60,7 +62,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                               seed=args.seed, rounds=args.rounds)
     report["guarantee"] = GUARANTEE
     rows = [{"where": f"{where} ({c})", **{k: v for k, v in d.items() if k != "memories"}}
-            for where in ("calibration_split", "store") for c, d in report[where].items()]
+            for where in ("calibration_split", "held_out", "store") for c, d in report[where].items()]
     print(table(rows, [("where", "where (criterion)"), ("tau", "tau"), ("deleted", "deleted"),
                        ("removed_share", "removed"), ("safe_recall", "safe recall"),
                        ("safe_precision", "safe precision"), ("never_forget_loss", "NF loss"),

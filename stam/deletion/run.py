@@ -54,6 +54,10 @@ def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
 
 def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], embed: Callable[[list[str]], Any],
                     *, encoder: str, alpha: float = 0.01, seed: int = 0, rounds: int = 200) -> dict[str, Any]:
+    """Split the labelled types, train the head on ``train``, pick tau on ``calibration`` and diagnose it on the
+    calibration split, on ``held_out`` (dev and calibration types: none the head was trained on) and on the
+    whole ``store`` (every labelled candidate, training types included: what a sweep of this store would
+    delete). The re-split check runs over the held-out types."""
     label_of = {x.concept_type: x.endurance for x in labels if x.concept_type in types}
     split = split_types(label_of, seed=seed)
     rows = [(t, m) for t in sorted(label_of) for m in types[t]]
@@ -76,6 +80,7 @@ def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], e
         return [TypeScores(t, label_of[t], tuple(v)) for t, v in sorted(by.items())]
 
     cal, dev, everything = grouped(part == "calibration"), grouped(part == "dev"), grouped(np.ones_like(tr))
+    held_out = grouped(part != "train")
     taus = {c: calibrate(cal, alpha, c) for c in (STRICT, NEVER_FORGET_ONLY)}
 
     def fin(x: float) -> float | None:
@@ -92,6 +97,7 @@ def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], e
         "tau": {c: fin(t) for c, t in taus.items()},
         "calibration_split": {c: diagnose(cal, t).as_dict() for c, t in taus.items()},
         "store": {c: diagnose(everything, t).as_dict() for c, t in taus.items()},
+        "held_out": {c: diagnose(held_out, t).as_dict() for c, t in taus.items()},
         "resplit": resplit_check(cal + dev, alpha, rounds=rounds, seed=seed),
         "paper": {"tau": 0.988, "removed_share": 0.023, "safe_recall": 0.161, "safe_precision": 0.929,
                   "never_forget_loss": 0.003},
