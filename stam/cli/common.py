@@ -3,6 +3,7 @@ reports and tables."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -64,3 +65,14 @@ def emit_report(report: dict[str, Any], path: str | None) -> int:
         Path(path).write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
     return 0
+
+
+def add_replay_options(q: argparse.ArgumentParser, *, source: str) -> None:
+    """The options of a command that replays MIMIC-IV patients or Synthea bundles on private stores (``source``:
+    the default source)."""
+    q.add_argument("--source", default=source, choices=["mimic", "synthea"],
+                   help="mimic: MIMIC-IV patients; synthea: Synthea R4 bundles (default: %(default)s)")
+    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
+    q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
+    q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
+    q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import emit_report, table
+from stam.cli.common import add_replay_options, emit_report, table
 
 GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the concept types the gate meets are "
              "exchangeable with the calibration types, the expected deletion loss over a new concept type is at "
@@ -84,12 +84,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "trains the head, picks tau by conformal risk control (strict; never-forget-only as a "
                      "diagnostic) and prints the paper's diagnostics (JSON on stdout and --out, a table on stderr). "
                      "Deletes nothing. " + GUARANTEE)
-    q.add_argument("--source", default="synthea", choices=["mimic", "synthea"],
-                   help="synthea: Synthea R4 bundles (default); mimic: MIMIC-IV patients")
-    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
-    q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
-    q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
-    q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+    add_replay_options(q, source="synthea")
     q.add_argument("--judge-url", help="OpenAI-compatible endpoint of the label judge (e.g. `stam serve`'s "
                    "http://127.0.0.1:8000/v1); without it, labels come from codes and types they do not decide "
                    "are left out")

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import emit_report, table
+from stam.cli.common import add_replay_options, emit_report, table
 from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
@@ -229,12 +229,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "observations. Supersession-pair recall, impact-candidate ceiling, false archival, ended facts "
                       "in HISTORY, archived fraction, point-in-time agreement. Prints a table on stderr and the JSON "
                       "report on stdout (and --out); --plot draws one patient's ACTIVE/HISTORY over time.")
-    q.add_argument("--source", default="mimic", choices=["mimic", "synthea"],
-                   help="mimic: MIMIC-IV patients (default); synthea: Synthea R4 bundles")
-    q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
-    q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
-    q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
-    q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+    add_replay_options(q, source="mimic")
     q.add_argument("--plot", help="write a PNG of one patient's ACTIVE/HISTORY sizes over time, per variant")
     q.add_argument("--timeline-patient", default="auto",
                    help="the patient of the timeline (default: the one with the most transitions)")
