@@ -20,8 +20,8 @@ GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the co
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import tempfile
 
-    from stam.deletion.judge import read_labels, write_labels
-    from stam.deletion.run import agreement, calibration_run, candidate_types, label_types
+    from stam.deletion.judge import agreement, read_labels, write_labels
+    from stam.deletion.run import calibration_run, candidate_types, label_types
     from stam.embedding import Embedder
     from stam.llm.client import LLMClient
 

@@ -15,7 +15,7 @@ import numpy as np
 from schemas import AtomicMemory
 from stam.deletion.calibrate import NEVER_FORGET_ONLY, STRICT, TypeScores, calibrate, diagnose, resplit_check
 from stam.deletion.candidates import select
-from stam.deletion.judge import Label, agreement, code_labels, judge_type
+from stam.deletion.judge import Label, by_type, code_labels, judge_type
 from stam.deletion.labels import Endurance
 from stam.deletion.scorer import render, split_types, train
 from stam.state import PatientState
@@ -24,8 +24,6 @@ from stam.state import PatientState
 def candidate_types(states: Iterable[PatientState]) -> tuple[dict[str, list[AtomicMemory]], dict[str, int]]:
     """The candidates of every patient (:func:`stam.deletion.candidates.select`) grouped by concept type, and how
     many HISTORY memories each keep rule held back."""
-    from stam.deletion.judge import by_type
-
     memories: list[AtomicMemory] = []
     kept: dict[str, int] = {}
     for state in states:
@@ -104,4 +102,4 @@ def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], e
     }
 
 
-__all__ = ["agreement", "calibration_run", "candidate_types", "label_types"]
+__all__ = ["calibration_run", "candidate_types", "label_types"]
