@@ -19,6 +19,7 @@ CONTRACTS: dict[str, type[BaseModel]] = {
     "query-request": schemas.QueryRequest,
     "query-answer": schemas.QueryAnswer,
     "erasure-receipt": schemas.ErasureReceipt,
+    "deletion-order": schemas.DeletionOrder,
 }
 
 OUT = Path(__file__).parent / "json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from schemas.common import AwareDatetime, NonEmptyStr, SchemaVersion, Store, WireModel
 from schemas.entry import RecordEntry
@@ -108,6 +108,41 @@ class TransitionKind(StrEnum):
     """An ACTIVE memory moved to HISTORY."""
     DELETE_PROPOSED = "delete_proposed"
     """The updater proposed deleting a HISTORY memory. Recorded only; the deletion gate decides."""
+    DELETED = "deleted"
+    """The deletion gate deleted a HISTORY memory: every projection forgets it (``gate`` says why)."""
+
+
+class DeletionVerdict(WireModel):
+    """Why the deletion gate deleted a memory: its score, the calibrated threshold and the calibration."""
+
+    score: float = Field(ge=0.0, le=1.0, description="The deletion scorer's safe-to-forget score of the memory")
+    tau: float = Field(ge=0.0, le=1.0, description="The calibrated threshold the score reached")
+    alpha: float = Field(gt=0.0, lt=1.0, description="The risk level tau was calibrated for")
+    calibration_id: NonEmptyStr = Field(description="The calibration (head digest, labels, split) tau came from")
+    criterion: NonEmptyStr = Field(default="strict", description="The calibration loss: strict or never-forget-only")
+
+
+class DeletionOrder(WireModel):
+    """Sweep -> update (topic ``stam.deletions.v1``): HISTORY memories of one patient the gate decided to delete.
+
+    Applied by the update stage, the single writer of patient state, in the patient's order. A memory that is
+    no longer a candidate when the order is applied (it became needed, or is gone) is skipped, not deleted.
+    """
+
+    schema_version: SchemaVersion = 1
+    order_id: NonEmptyStr = Field(description="Identifies the order; the deleted transitions' ids derive from it")
+    patient_id: NonEmptyStr
+    memory_ids: tuple[NonEmptyStr, ...] = Field(min_length=1)
+    verdicts: tuple[DeletionVerdict, ...] = Field(description="One per memory id, in the same order")
+    ordered_at: AwareDatetime
+
+    @model_validator(mode="after")
+    def _one_verdict_per_memory(self) -> DeletionOrder:
+        if len(self.verdicts) != len(self.memory_ids):
+            raise ValueError(f"{len(self.memory_ids)} memory ids but {len(self.verdicts)} verdicts")
+        if len(set(self.memory_ids)) != len(self.memory_ids):
+            raise ValueError("a memory id appears twice")
+        return self
 
 
 class TransitionEvent(WireModel):
@@ -141,6 +176,10 @@ class TransitionEvent(WireModel):
     refused: tuple[RefusedArchive, ...] = Field(
         default=(), description="For kind=added: archivals this memory's evidence proposed and the source-identity "
         "rule refused (an entry from another source system, or unsigned, cannot retract or amend a fact)")
+    gate: DeletionVerdict | None = Field(
+        default=None, description="For kind=deleted: the deletion gate's score, threshold and calibration. "
+        "``entry_id`` is then the deletion order's id, and memories whose successor was the deleted memory now "
+        "have its successor (``successor_id``)")
 
 
 class DeadLetter(WireModel):

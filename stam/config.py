@@ -92,6 +92,11 @@ class Settings(BaseSettings):
     commit_retries: int = Field(default=5, ge=1)
     state_watch_s: float = Field(default=10.0, gt=0, description="How often an idle worker checks that the "
                                  "state store has not gone backwards (a crash that lost writes)")
+    deletion_gate: Path | None = Field(
+        default=None, description="A calibrated deletion gate (`stam deletion calibrate --gate-out`); with "
+        "deletion_sweep_s, the update worker sweeps its patients with it on a schedule")
+    deletion_sweep_s: float = Field(
+        default=0.0, ge=0, description="Seconds between scheduled deletion sweeps (e.g. 86400: daily); 0: none")
     redis_fsync_window_s: float | None = Field(
         default=None, ge=0, description="Seconds after which a Redis write is on disk; offsets are committed "
         "only that long after the writes they cover. Unset: read from Redis (appendfsync everysec: 2, always: 0)")

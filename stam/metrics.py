@@ -14,6 +14,10 @@ FREE_TEXT = Counter("stam_free_text_entries_total",
                     "Entries carrying free text, by handling: 'decomposed' by the language model, or kept "
                     "'verbatim' as one note memory because no model is configured", ["handling"])
 TRANSITIONS = Counter("stam_transitions_total", "State transitions applied", ["kind", "reason"])
+DELETIONS_SKIPPED = Counter("stam_deletions_skipped_total",
+                            "Memories of a deletion order the update stage did not delete: gone already, or kept "
+                            "by a rule in the state the order met (active, before-current, thread-start, related)",
+                            ["why"])
 REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact were redone because the patient state moved meanwhile")
 RECOVERIES = Counter("stam_state_recoveries_total",

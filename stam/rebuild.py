@@ -3,7 +3,9 @@
 The transitions topic is the record of state; Redis (state, relation graph) and Milvus (vectors) are
 projections of it. :func:`replay` folds a patient's transition events, in log order, into a
 :class:`PatientState`; :func:`rebuild` writes that state and its vectors to empty stores. Events are
-de-duplicated by ``transition_id``, so a log with redelivered events rebuilds the same state.
+de-duplicated by ``transition_id``, so a log with redelivered events rebuilds the same state. A ``deleted``
+transition (the deletion gate) removes its memory, its relations and its vector, and re-points the successor
+links that named it, as the update stage did.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ def replay(patient_id: str, events: Iterable[TransitionEvent]) -> PatientState:
         elif ev.kind is TransitionKind.ARCHIVED and ev.reason is not None:
             state.archive(ev.memory_id, reason=ev.reason, successor_id=ev.successor_id,
                           evidence_id=ev.evidence_id, entry_id=ev.entry_id, at=ev.recorded_at)
+        elif ev.kind is TransitionKind.DELETED and ev.memory_id in state.memories:
+            # Forgotten for good: a point-in-time replay (stam.read.asof) may meet it while it was still ACTIVE.
+            state.delete(ev.memory_id, any_store=True)
         state.version = max(state.version, ev.state_version)
     return state
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -105,6 +106,29 @@ class PatientState:
         })
         self.memories[memory_id] = moved
         return moved
+
+    def delete(self, memory_id: str, *, any_store: bool = False) -> list[StoredMemory]:
+        """Forget a HISTORY memory (the deletion gate): the memory, its graph vertex and its relations go. A
+        memory whose successor it was now has its successor, so a chain stays whole. Returns those re-pointed
+        memories (changed, to store). ``any_store``: a point-in-time replay forgets a deleted memory even where
+        it was still ACTIVE at that time."""
+        gone = self.memories.get(memory_id)
+        if gone is None or (gone.store is not Store.HISTORY and not any_store):
+            raise ValueError(f"memory {memory_id} is not in HISTORY")
+        del self.memories[memory_id]
+        mem = gone.memory
+        for index, key in ((self._by_concept, mem.concept_key), (self._by_source, mem.source_ref)):
+            if key and memory_id in index.get(key, ()):
+                index[key].remove(memory_id)
+                if not index[key]:
+                    del index[key]
+        with suppress(ValueError):  # a memory without a vertex has no relations
+            self.graph.delete_vertices(self.graph.vs.find(name=memory_id).index)
+        relinked = [s.model_copy(update={"successor_id": gone.successor_id})
+                    for s in self.memories.values() if s.successor_id == memory_id]
+        for s in relinked:
+            self.memories[s.memory.memory_id] = s
+        return relinked
 
     def relate(self, relation: Relation) -> bool:
         """Add a relation unless it exists or touches a HISTORY memory. Returns whether it was added."""

@@ -24,6 +24,7 @@ class Topics:
     answers: faust.TopicT
     checkpoints: faust.TopicT
     audit: faust.TopicT
+    deletions: faust.TopicT
 
 
 def _topic(app: faust.App, spec: t.TopicSpec, settings: Settings) -> faust.TopicT:

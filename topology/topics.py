@@ -50,4 +50,9 @@ ANSWERS = TopicSpec("answers.v1", "Evidence packets and answers, correlated by r
 AUDIT = TopicSpec("audit.v1", "Audit records without patient data (erasure receipts), kept forever",
                   "schemas.ErasureReceipt", None, internal=False)
 
-ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, CHECKPOINTS, AUDIT)
+DELETIONS = TopicSpec("deletions.v1", "Deletion gate -> update: HISTORY memories of one patient to delete (each "
+                      "with its score, tau, alpha and calibration); applied by the update stage as `deleted` "
+                      "transitions", "schemas.DeletionOrder", timedelta(days=7))
+
+ALL = (ENTRIES, EXTRACTED, LINKED, IMPACTED, TRANSITIONS, DEAD_LETTERS, QUERIES, ANSWERS, CHECKPOINTS, AUDIT,
+       DELETIONS)

@@ -16,10 +16,10 @@ from typing import Any
 
 import faust
 
-from schemas import ImpactedEntry
+from schemas import DeletionOrder, ImpactedEntry
 from stam.errors import MessageTooLarge, StateRolledBack
-from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, MESSAGES, REDONE, TRANSITIONS
-from stam.stages import Deps, UpdateResult, decode_outbox, update_batch
+from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
+from stam.stages import Deps, UpdateResult, decode_outbox, delete_batch, update_batch
 from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, seal, send_bytes
 from workers.runtime import Runtime
 
@@ -100,9 +100,23 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             # The store lost writes while this worker ran: rebuild from the log, then apply on top of that.
             runtime.durability.recover_blocking()
             results = update_batch(items, deps)
+        return _sealed(results, [(item.entry.patient_id, item.entry.entry_id) for item in items])
+
+    def apply_deletions(orders: list[DeletionOrder], deps: Deps) -> list[Done]:
+        try:
+            results = delete_batch(orders, deps)
+        except StateRolledBack:
+            runtime.durability.recover_blocking()
+            results = delete_batch(orders, deps)
+        for r in results:  # the state moved since the sweep: counted by why, never with ids
+            for why in r.skipped.values():
+                DELETIONS_SKIPPED.labels(why=why).inc()
+        return _sealed(list(results), [(o.patient_id, o.order_id) for o in orders])
+
+    def _sealed(results: list[UpdateResult], ids: list[tuple[str, str]]) -> list[Done]:
         # Sealed here, on the stage thread (the patient's data key may be read from Redis).
-        done = [(r, [seal(runtime.sealer, t.patient_id, t) for t in r.transitions],
-                 (item.entry.patient_id, item.entry.entry_id)) for item, r in zip(items, results, strict=True)]
+        done = [(r, [seal(runtime.sealer, t.patient_id, t) for t in r.transitions], i)
+                for r, i in zip(results, ids, strict=True)]
         runtime.sealer.durable()
         return done
 
@@ -150,6 +164,55 @@ def register(app: faust.App, runtime: Runtime) -> Any:
                 runtime.settings.update_batch, within=0.02):
             await _ready()
             await run_batch(events, stage="update", model=ImpactedEntry, fn=apply,
+                            runtime=runtime, on_result=publish)
+
+    settings = runtime.settings
+    if settings.deletion_gate is not None and settings.deletion_sweep_s > 0:
+        gate_path, every = settings.deletion_gate, settings.deletion_sweep_s
+
+        def sweep_orders() -> tuple[list[tuple[bytes, bytes]], int]:
+            """The orders of the patients whose deletions partition this worker holds (each patient is swept by
+            exactly one worker). Blocking: state reads and embeddings."""
+            from aiokafka.partitioner import DefaultPartitioner
+
+            from stam.deletion.gate import Gate
+            from stam.deletion.sweep import orders, scan
+
+            gate = Gate.load(gate_path)
+            if gate.spec.encoder != runtime.deps.embedder.model_name:
+                raise ValueError(f"the gate scores {gate.spec.encoder} embeddings; this worker embeds with "
+                                 f"{runtime.deps.embedder.model_name}")
+            topic = topics.deletions.get_topic_name()
+            mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == topic}
+            parts = list(range(settings.partitions))
+            patients = [p for p in runtime.deps.states.patients()
+                        if DefaultPartitioner()(runtime.sealer.message_key(p), parts, parts) in mine]
+            made = [o for one in scan(runtime.deps.states, runtime.deps.embedder.embed, gate, patients)
+                    for o in orders(one, gate)]
+            sealed = [seal(runtime.sealer, o.patient_id, o) for o in made]
+            runtime.sealer.durable()
+            return sealed, sum(len(o.memory_ids) for o in made)
+
+        @app.timer(interval=every)
+        async def scheduled_sweep() -> None:
+            """The deletion gate on a schedule: orders for this worker's patients, applied by the agent below."""
+            try:
+                sealed, memories = await asyncio.get_running_loop().run_in_executor(None, sweep_orders)
+                for key, value in sealed:
+                    await send_bytes(topics.deletions, key, value, what="DeletionOrder")
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; a bug is logged and alerted
+                _failed("deletion_sweep", exc, every)
+                return
+            log.info("scheduled deletion sweep: %d orders, %d memories", len(sealed), memories)
+
+    @app.agent(topics.deletions, name="stam.delete")
+    async def delete(stream: faust.StreamT[Any]) -> None:
+        """The deletion gate's orders (``stam deletion sweep``), applied by this stage, the single writer of
+        patient state, as ``deleted`` transitions on the same outbox and topic as every other transition."""
+        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+                runtime.settings.update_batch, within=0.02):
+            await _ready()
+            await run_batch(events, stage="delete", model=DeletionOrder, fn=apply_deletions,
                             runtime=runtime, on_result=publish)
 
     async def _ready() -> None:

@@ -10,6 +10,7 @@
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
   stam deletion calibrate       the deletion gate's labels, scorer and threshold on a replayed store (deletes nothing)
+  stam deletion sweep           score archived memories with a calibrated gate; order deletions (--dry-run: list)
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
   stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)

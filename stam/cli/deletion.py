@@ -20,6 +20,7 @@ GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the co
 def cmd_calibrate(args: argparse.Namespace) -> int:
     import tempfile
 
+    from stam.deletion.calibrate import STRICT
     from stam.deletion.judge import agreement, read_labels, write_labels
     from stam.deletion.run import calibration_run, candidate_types, label_types
     from stam.embedding import Embedder
@@ -58,9 +59,17 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
                               "labels": "judge" if any(x.source == "judge" for x in labels) else "codes",
                               "codes_vs_labels": agreement(codes, labels)}
-    report |= calibration_run(types, labels, embedder.embed, encoder=embedder.model_name, alpha=args.alpha,
-                              seed=args.seed, rounds=args.rounds)
+    run_report, gates = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name,
+                                        alpha=args.alpha, seed=args.seed, rounds=args.rounds)
+    report |= run_report
     report["guarantee"] = GUARANTEE
+    if args.gate_out:
+        gate = gates[STRICT]  # never-forget-only is the paper's diagnostic, never used to delete
+        gate.save(Path(args.gate_out))
+        report["gate"] = {"path": args.gate_out, **gate.spec.as_dict()}
+        print(f"gate written to {args.gate_out} ({gate.spec.calibration_id}, tau "
+              f"{gate.spec.as_dict()['tau']}: {'deletes nothing' if gate.spec.as_dict()['tau'] is None else 'ok'})",
+              file=sys.stderr)
     rows = [{"where": f"{where} ({c})", **{k: v for k, v in d.items() if k != "memories"}}
             for where in ("calibration_split", "held_out", "store") for c, d in report[where].items()]
     print(table(rows, [("where", "where (criterion)"), ("tau", "tau"), ("deleted", "deleted"),
@@ -71,9 +80,85 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return emit_report(report, args.out)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+
+    from stam.cli.common import load_settings
+    from stam.compose import redis_client
+    from stam.deletion.gate import Gate
+    from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
+    from stam.embedding import Embedder
+    from stam.stores.redis_state import RedisStateStore
+
+    try:
+        gate = Gate.load(Path(args.gate))
+    except ValueError as exc:
+        print(f"stam deletion sweep: {exc}", file=sys.stderr)
+        return 2
+    settings = load_settings()
+    for name in ("pymilvus", "pymilvus.milvus_client"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
+    patients = args.patient or states.patients()
+    known = set(states.patients())
+    unknown = [p for p in patients if p not in known]
+    if unknown:
+        print(f"stam deletion sweep: {len(unknown)} of the patients named have no state here", file=sys.stderr)
+        return 2
+    embedder = Embedder(settings.embedding_model)
+    if embedder.model_name != gate.spec.encoder:
+        print(f"stam deletion sweep: the gate scores {gate.spec.encoder} embeddings; this deployment embeds with "
+              f"{embedder.model_name}", file=sys.stderr)
+        return 2
+    from tqdm import tqdm
+
+    swept, all_orders = [], []
+    for one in tqdm(scan(states, embedder.embed, gate, patients), total=len(patients), desc="sweeping",
+                    unit=" patients", file=sys.stderr, disable=len(patients) < 2):
+        swept.append(one)
+        all_orders.extend(orders(one, gate))
+    memories = sum(x.memories for x in swept)
+    chosen = sum(len(x.chosen) for x in swept)
+    kept: dict[str, int] = {}
+    for x in swept:
+        for k, v in x.kept.items():
+            kept[k] = kept.get(k, 0) + v
+    report: dict[str, Any] = {
+        "gate": gate.spec.as_dict(), "dry_run": args.dry_run, "patients": len(swept), "memories": memories,
+        "history": sum(x.history for x in swept), "candidates": sum(x.candidates for x in swept),
+        "kept_by_rule": kept, "delete": chosen, "delete_share": round(chosen / memories, 6) if memories else 0.0,
+        "orders": len(all_orders), "by_patient": [x.summary() for x in swept],
+        "guarantee": GUARANTEE,
+    }
+    if args.list:
+        report["memories_to_delete"] = [
+            {"patient_id": x.patient_id, "memory_id": s.memory.memory_id, "category": s.memory.category.value,
+             "text": s.memory.text, "reason": s.reason.value if s.reason else None, "score": round(score, 6)}
+            for x in swept for s, score in x.chosen]
+    print(table([x.summary() for x in swept],
+                [("patient_id", "patient"), ("memories", "memories"), ("history", "history"),
+                 ("candidates", "candidates"), ("delete", "delete")]), file=sys.stderr)
+    if gate.spec.as_dict()["tau"] is None:
+        print("the gate's tau is infinite (no threshold met alpha on its calibration split): it deletes nothing",
+              file=sys.stderr)
+    if not args.dry_run and all_orders:
+        report["sent"] = asyncio.run(publish_orders(settings, all_orders))
+        print(f"{report['sent']} deletion orders sent ({chosen} memories); the update stage applies them",
+              file=sys.stderr)
+        if args.wait > 0:
+            gone, left = wait_applied(states, all_orders, args.wait)
+            report["applied"] = {"deleted": gone, "not_deleted": left}
+            print(f"deleted {gone}; not deleted {left} (kept by the update stage, or not applied within "
+                  f"{args.wait:.0f} s)" if left else f"deleted {gone}", file=sys.stderr)
+    elif args.dry_run:
+        print(f"dry run: {chosen} of {memories} memories would be deleted; nothing sent", file=sys.stderr)
+    return emit_report(report, args.out)
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("deletion", help="the conservative deletion gate (being built: calibration only; nothing "
-                       "is deleted yet)",
+    p = sub.add_parser("deletion", help="the conservative deletion gate: calibrate it on a replayed store, then "
+                       "sweep a deployment's archived memories with it",
                        description="The paper's deletion gate (section 3.5). " + GUARANTEE)
     d = p.add_subparsers(dest="deletion_command", required=True)
     q = d.add_parser("calibrate", help="replay a store, label its candidates' concept types, train the scorer, "
@@ -95,4 +180,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--seed", type=int, default=0, help="seed of the type splits and the head's training")
     q.add_argument("--rounds", type=int, default=200, help="random re-splits for the guarantee check")
     q.add_argument("--out", help="also write the JSON report here")
+    q.add_argument("--gate-out", metavar="DIR", help="write the calibrated gate (head.npz, gate.json: the strict "
+                   "criterion's tau) here, for `stam deletion sweep --gate`")
     q.set_defaults(fn=cmd_calibrate)
+
+    w = d.add_parser("sweep", help="score this deployment's archived memories with a calibrated gate and order "
+                     "the deletions (--dry-run: only list them)",
+                     description="Reads every patient's state (or --patient's), takes the gate's candidates "
+                     "(archived memories no keep rule holds: not before-current, not a thread's start, not related "
+                     "to an ACTIVE memory), scores them with the gate's head and orders those scored at or over tau "
+                     "deleted: orders go to stam.deletions.v1 and the update stage applies them as `deleted` "
+                     "transitions (Redis, Milvus and source texts forget the memory; `stam rebuild` and as_of "
+                     "reads honour it). JSON report on stdout, a table on stderr. " + GUARANTEE)
+    w.add_argument("--gate", required=True, metavar="DIR", help="a gate written by `stam deletion calibrate "
+                   "--gate-out`")
+    w.add_argument("--dry-run", action="store_true", help="list what would go; send nothing")
+    w.add_argument("--patient", action="append", help="sweep this patient only (repeatable); default: all")
+    w.add_argument("--list", action="store_true", help="list each memory to delete (patient data) in the report")
+    w.add_argument("--wait", type=float, default=0.0, metavar="S", help="after sending, wait up to S seconds "
+                   "for the update stage to apply the orders and report what went")
+    w.add_argument("--out", help="also write the JSON report here")
+    w.set_defaults(fn=cmd_sweep)

@@ -107,11 +107,31 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
     def answered(n: int) -> None:
         answers.update(n - answers.n)
 
+    gate = None
+    if args.deletion_gate:
+        from stam.deletion.gate import Gate
+
+        try:
+            gate = Gate.load(Path(args.deletion_gate))
+        except ValueError as exc:
+            print(f"stam eval qa: {exc}", file=sys.stderr)
+            return 2
+        if args.replay_dir and not (Path(args.replay_dir) / "stam").is_dir():
+            print("stam eval qa: --deletion-gate deletes from the replay; keep one first (a run without "
+                  "--deletion-gate and the same --replay-dir), it is then used through a copy", file=sys.stderr)
+            return 2
     with tempfile.TemporaryDirectory(prefix="stam-eval-qa-") as work:
-        report = evaluate_qa(root, questions, workdir=Path(args.replay_dir or work), budget=args.budget,
+        workdir = Path(args.replay_dir or work)
+        if gate is not None and args.replay_dir and (workdir / "stam").is_dir():
+            import shutil
+
+            # Deletion changes the stores: a kept replay is used through a copy, and stays as it was.
+            shutil.copytree(workdir / "stam", Path(work) / "stam")
+            workdir = Path(work)
+        report = evaluate_qa(root, questions, workdir=workdir, budget=args.budget,
                              rag_k=args.rag_k, tables=tables, progress=progress, reader=reader, match=args.match,
                              keep_rows=args.rows, answer_progress=answered, keep_replay=bool(args.replay_dir),
-                             systems=args.systems)
+                             systems=args.systems, deletion_gate=gate)
     bar.close()
     answers.close()
     rows = [{"system": name, **{k: v for k, v in s.items() if not isinstance(v, dict)}}
@@ -279,6 +299,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--match", choices=["append-only", "flat-rag", "full-context"],
                    help="also run STAM at this system's median context size")
     q.add_argument("--rows", action="store_true", help="keep every question's row (answers, tokens) in the report")
+    q.add_argument("--deletion-gate", metavar="DIR", help="a calibrated deletion gate (`stam deletion calibrate "
+                   "--gate-out`): after the other systems, its sweep is applied to the replay and STAM reads again "
+                   "as stam+deletion, paired with stam (what deletion costs in answers, saves in memories and tokens)")
     q.add_argument("--plot", help="write a PNG of each system's score versus served tokens")
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bars")

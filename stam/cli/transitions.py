@@ -21,6 +21,10 @@ def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
         return f"new -> HISTORY [{t['reason']}] {what}"
     if t["kind"] == "delete_proposed":
         return f"DELETE proposed (not executed) {what}"
+    if t["kind"] == "deleted":
+        g = t.get("gate") or {}
+        return (f"HISTORY -> deleted by the gate (score {g.get('score', 0):.3f} >= tau {g.get('tau', 0):.3f}, "
+                f"{g.get('calibration_id', '?')}) {what}")
     return f"new -> ACTIVE {what}"
 
 

@@ -94,6 +94,20 @@ def _keep(s: StoredMemory, state: PatientState, predecessors: set[str], related:
     return None
 
 
+def keep_now(state: PatientState, memory_id: str) -> Keep | None:
+    """Why one memory must be kept in ``state`` as it is now (``None``: it may be deleted). The update stage asks
+    this again when it applies a deletion order: the state may have moved since the sweep scored it, and
+    deleting one memory of a chain can make its predecessor the start of the thread."""
+    s = state.get(memory_id)
+    if s is None:
+        return None
+    predecessors = {x.successor_id for x in state.memories.values() if x.successor_id == memory_id}
+    related = {memory_id} if any(
+        (other := state.get(n)) is not None and other.store is Store.ACTIVE
+        for n, _, _ in state.neighbours(memory_id)) else set()
+    return _keep(s, state, predecessors, related)
+
+
 def relink(state: PatientState, memory_id: str) -> list[tuple[str, str | None]]:
     """The successor links to re-point when ``memory_id`` is deleted: ``(predecessor id, new successor id)`` for
     each memory whose successor it was (its own successor, or ``None`` where it had none)."""

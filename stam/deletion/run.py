@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 import numpy as np
@@ -15,6 +15,7 @@ import numpy as np
 from schemas import AtomicMemory
 from stam.deletion.calibrate import NEVER_FORGET_ONLY, STRICT, TypeScores, calibrate, diagnose, resplit_check
 from stam.deletion.candidates import select
+from stam.deletion.gate import Gate, GateSpec, calibration_id
 from stam.deletion.judge import Label, by_type, code_labels, judge_type
 from stam.deletion.labels import Endurance
 from stam.deletion.scorer import render, split_types, train
@@ -51,11 +52,13 @@ def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
 
 
 def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], embed: Callable[[list[str]], Any],
-                    *, encoder: str, alpha: float = 0.01, seed: int = 0, rounds: int = 200) -> dict[str, Any]:
+                    *, encoder: str, alpha: float = 0.01, seed: int = 0, rounds: int = 200
+                    ) -> tuple[dict[str, Any], dict[str, Gate]]:
     """Split the labelled types, train the head on ``train``, pick tau on ``calibration`` and diagnose it on the
     calibration split, on ``held_out`` (dev and calibration types: none the head was trained on) and on the
     whole ``store`` (every labelled candidate, training types included: what a sweep of this store would
-    delete). The re-split check runs over the held-out types."""
+    delete). The re-split check runs over the held-out types. Returns the report and the gate of each
+    criterion (the head with its tau), which ``stam deletion sweep`` applies."""
     label_of = {x.concept_type: x.endurance for x in labels if x.concept_type in types}
     split = split_types(label_of, seed=seed)
     rows = [(t, m) for t in sorted(label_of) for m in types[t]]
@@ -85,8 +88,15 @@ def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], e
         return None if math.isinf(x) else round(x, 6)
 
     counts = {e.value: sum(1 for x in label_of.values() if x is e) for e in Endurance}
+    created = datetime.now(UTC).isoformat(timespec="seconds")
+    cal_types = [x.concept_type for x in cal]
+    gates = {c: Gate(head, GateSpec(tau=t, alpha=alpha, criterion=c, encoder=encoder, created=created,
+                                    calibration_id=calibration_id(head, cal_types, alpha, c),
+                                    calibration_types=len(cal_types)))
+             for c, t in taus.items()}
     return {
         "alpha": alpha, "seed": seed, "encoder": encoder, "head_trained_on": head.trained_on,
+        "calibration_id": {c: g.spec.calibration_id for c, g in gates.items()},
         "types": {"candidates": len(types), "labelled": len(label_of), "by_label": counts,
                   "by_split": {k: sum(1 for v in split.values() if v == k) for k in ("train", "dev", "calibration")}},
         "memories": {"labelled": len(rows), "by_split": {k: int((part == k).sum())
@@ -99,7 +109,7 @@ def calibration_run(types: dict[str, list[AtomicMemory]], labels: list[Label], e
         "resplit": resplit_check(cal + dev, alpha, rounds=rounds, seed=seed),
         "paper": {"tau": 0.988, "removed_share": 0.023, "safe_recall": 0.161, "safe_precision": 0.929,
                   "never_forget_loss": 0.003},
-    }
+    }, gates
 
 
 __all__ = ["calibration_run", "candidate_types", "label_types"]

@@ -151,11 +151,15 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
                 tokenizer: Any = None, k_active: int = 8, k_history: int = 8, rag_k: int = 16,
                 budget: int = 4000, tables: Sequence[str] | None = None, progress: Any = None, reader: Any = None,
                 match: str | None = None, keep_rows: bool = False, answer_progress: Any = None,
-                keep_replay: bool = False, systems: Sequence[str] | None = None) -> dict[str, Any]:
+                keep_replay: bool = False, systems: Sequence[str] | None = None,
+                deletion_gate: Any = None) -> dict[str, Any]:
     """Contexts of every system for every question; with ``reader``, its answers scored by token F1 / EM;
     with ``match`` (a comparator system), STAM again at a token budget equal to that system's median.
     ``keep_replay``: keep the replay in ``workdir`` and reuse one kept there (see ``replay_mimic``). ``systems``:
-    which systems to run (default :data:`SYSTEMS`; ``stam`` always runs, the others are compared with it)."""
+    which systems to run (default :data:`SYSTEMS`; ``stam`` always runs, the others are compared with it).
+    ``deletion_gate`` (a :class:`stam.deletion.gate.Gate`): after every system has read, the gate's sweep is applied
+    to the replay by the update stage's own deletion (:func:`stam.stages.delete_batch`), and STAM reads again as
+    ``stam+deletion`` (paired with ``stam``); the report says what was deleted (``deletion``)."""
     from stam.compose import local_query_service
     from stam.embedding import Embedder
     from stam.read.gate import StoreGate
@@ -265,6 +269,12 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
             matching = {"comparator": match, "target_tokens": target, "stam_median_tokens": median,
                         "ratio": round(median / target, 3) if target else None,
                         "matched": bool(target) and 0.8 <= median / target <= 1.25}
+        deletion = None
+        if deletion_gate is not None:
+            deletion = _delete(stam, deletion_gate, subjects, embedder)
+            services["stam"] = local_query_service(stam.deps, embedder=embedder, tokenizer=tokenizer, gate=gate)
+            rows["stam+deletion"] = [read_path("stam", q, GateMode.AUTO, k_active, k_history) for q in questions]
+            systems.append("stam+deletion")
     finally:
         stam.close()
     if reader is not None:
@@ -278,11 +288,36 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
         "paired_vs_stam": {s: _paired(rows["stam"], rows[s]) for s in systems if s != "stam"}}
     if matching is not None:
         report["matching"] = matching
+    if deletion is not None:
+        report["deletion"] = deletion
     if reader is not None and hasattr(reader, "usage"):
         report["reader_usage"] = dict(reader.usage)
     if keep_rows:
         report["rows"] = {s: [{k: v for k, v in r.items() if k != "context"} for r in rows[s]] for s in systems}
     return report
+
+
+def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) -> dict[str, Any]:
+    """Sweep the replayed patients with ``gate`` and apply the orders as the update stage does."""
+    from stam.deletion.sweep import orders, scan
+    from stam.stages import delete_batch
+
+    before = {p: run.deps.states.load(p) for p in subjects}
+    swept = list(scan(run.deps.states, embedder.embed, gate, subjects))
+    todo = [o for x in swept for o in orders(x, gate)]
+    results = delete_batch(todo, run.deps) if todo else []
+    gone = [t for r in results for t in r.transitions]
+    by_category: dict[str, int] = defaultdict(int)
+    for t in gone:
+        by_category[before[t.patient_id].memories[t.memory_id].memory.category.value] += 1
+    memories = sum(len(s.memories) for s in before.values())
+    history = sum(s.counts()["history"] for s in before.values())
+    return {"gate": gate.spec.as_dict(), "memories_before": memories, "history_before": history,
+            "candidates": sum(x.candidates for x in swept), "ordered": sum(len(x.chosen) for x in swept),
+            "deleted": len(gone), "deleted_share": round(len(gone) / memories, 6) if memories else 0.0,
+            "deleted_share_of_history": round(len(gone) / history, 6) if history else 0.0,
+            "deleted_by_category": dict(sorted(by_category.items())),
+            "skipped": sum(len(r.skipped) for r in results)}
 
 
 def _chunk_vectors(embedder: Any, texts: list[str], path: Path | None) -> np.ndarray:

@@ -17,6 +17,10 @@ Two ways to name the past:
   stop: the start stands for the order). An archival of a memory that did not exist yet at T (an explicit
   reference can end an order whose own start is later than the order that ended it) is left out.
 
+A memory the deletion gate deleted (a ``deleted`` transition) is absent from every point in time, before its
+deletion too: deletion forgets, it does not end a fact. Where it was the current value at T, the thread has no
+current value at T (the gate keeps the value before the current one, so this never touches the present).
+
 This replay is the reference; the read path computes the same states from the patient's timeline
 (:mod:`stam.read.timeline`) without re-reading the log, and a test checks both agree on real patients.
 """
@@ -34,7 +38,8 @@ from stam.state import PatientState
 
 
 def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version: int) -> PatientState:
-    state = replay(patient_id, (e for e in events if e.state_version <= version))
+    # A deletion is forgetting, not a change of state at a time: a deleted memory is absent at every version.
+    state = replay(patient_id, (e for e in events if e.state_version <= version or e.kind is TransitionKind.DELETED))
     state.version = min(state.version, version)
     return state
 

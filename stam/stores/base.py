@@ -59,6 +59,10 @@ class VectorStore(ABC):
         return len(self.fetch(patient_id, store))
 
     @abstractmethod
+    def delete(self, patient_id: str, memory_ids: Sequence[str]) -> int:
+        """Remove some memories' vectors of one patient (the deletion gate). Idempotent; returns how many went."""
+
+    @abstractmethod
     def erase_patient(self, patient_id: str) -> int: ...
 
     def flush(self) -> None:  # noqa: B027 - optional hook, a no-op where writes are visible at once
@@ -109,6 +113,10 @@ class Commit:
     """Serialised transition events per entry id, kept until delivered (transactional outbox)."""
     sources: dict[str, str] = field(default_factory=dict)
     """Text of the applied entries that carry text, by entry id (source spans at read time)."""
+    deleted: Sequence[str] = ()
+    """Memory ids the deletion gate deleted: their records go."""
+    dropped_sources: Sequence[str] = ()
+    """Entry ids whose text goes with them (no memory left cites the entry)."""
 
 
 class StateStore(ABC):

@@ -138,6 +138,15 @@ class MilvusVectorStore(VectorStore):
                                                     output_fields=["count(*)"]))
         return int(res[0]["count(*)"]) if res else 0
 
+    def delete(self, patient_id: str, memory_ids: Sequence[str]) -> int:
+        gone = 0
+        ids = list(dict.fromkeys(memory_ids))
+        for lo in range(0, len(ids), 1000):
+            expr = f"{_patient_filter(patient_id)} and memory_id in {json.dumps(ids[lo: lo + 1000])}"
+            res = self._client.delete(self._name, filter=expr)
+            gone += int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
+        return gone
+
     def erase_patient(self, patient_id: str) -> int:
         res = self._client.delete(self._name, filter=_patient_filter(patient_id))
         return int(res.get("delete_count", 0)) if isinstance(res, dict) else 0

@@ -80,6 +80,10 @@ class VectorProjection(VectorStore):
     def count(self, patient_id: str, store: Store) -> int:
         return self.backing.count(patient_id, store)
 
+    def delete(self, patient_id: str, memory_ids: Sequence[str]) -> int:
+        self.forget(patient_id)  # reloaded at the next version
+        return self.backing.delete(patient_id, memory_ids)
+
     def erase_patient(self, patient_id: str) -> int:
         self.forget(patient_id)
         return self.backing.erase_patient(patient_id)

@@ -181,6 +181,11 @@ class RedisStateStore(StateStore):
                         pipe.hset(self._key(pid, "tl"), mapping={s.memory.memory_id: rows.encode(s) for s in c.changed})
                     if c.sources:
                         pipe.hset(self._key(pid, "src"), mapping={k: v for k, v in c.sources.items()})
+                    if c.deleted:
+                        pipe.hdel(self._key(pid, "mem"), *c.deleted)
+                        pipe.hdel(self._key(pid, "tl"), *c.deleted)
+                    if c.dropped_sources:
+                        pipe.hdel(self._key(pid, "src"), *c.dropped_sources)
                     for entry_id, outbox in c.outboxes.items():
                         pipe.set(self._outbox_key(pid, entry_id), outbox)
                     if c.outboxes:  # an applied entry closes its record gap (a replayed dead letter)

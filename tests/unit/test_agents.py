@@ -60,6 +60,12 @@ class MemoryVectors(VectorStore):
     def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
         return [r for (p, _), r in self.rows.items() if p == patient_id and r.store is store]
 
+    def delete(self, patient_id: str, memory_ids: Any) -> int:
+        gone = [k for k in ((patient_id, m) for m in memory_ids) if k in self.rows]
+        for k in gone:
+            del self.rows[k]
+        return len(gone)
+
     def erase_patient(self, patient_id: str) -> int:
         gone = [k for k in self.rows if k[0] == patient_id]
         for k in gone:

@@ -48,3 +48,18 @@ def test_published_json_schemas_are_current() -> None:
     for name, model in CONTRACTS.items():
         path = OUT / f"{name}.v{WIRE_VERSION}.json"
         assert path.read_text() == render(model), f"run `python -m schemas` to refresh {path.name}"
+
+
+def test_a_deletion_order_needs_one_verdict_per_distinct_memory() -> None:
+    from datetime import UTC
+
+    from schemas import DeletionOrder, DeletionVerdict
+
+    v = DeletionVerdict(score=0.9, tau=0.8, alpha=0.01, calibration_id="gate-1")
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    DeletionOrder(order_id="o", patient_id="p", memory_ids=("a", "b"), verdicts=(v, v), ordered_at=at)
+    for ids, verdicts in ((("a", "b"), (v,)), (("a", "a"), (v, v)), ((), ())):
+        with pytest.raises(ValidationError):
+            DeletionOrder(order_id="o", patient_id="p", memory_ids=ids, verdicts=verdicts, ordered_at=at)
+    with pytest.raises(ValidationError):  # a score is a probability
+        DeletionVerdict(score=1.5, tau=0.8, alpha=0.01, calibration_id="gate-1")
