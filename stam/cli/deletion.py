@@ -21,7 +21,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     import tempfile
 
     from stam.deletion.calibrate import STRICT
-    from stam.deletion.judge import agreement, read_labels, write_labels
+    from stam.deletion.judge import agreement, append_label, read_labels, write_labels
     from stam.deletion.run import calibration_run, candidate_types, label_types
     from stam.embedding import Embedder
     from stam.llm.client import LLMClient
@@ -45,17 +45,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         finally:
             run.close()
     judge = LLMClient(args.judge_url, args.judge_model or "default", timeout_s=120) if args.judge_url else None
-    if args.labels and Path(args.labels).exists() and not args.relabel:
-        labels, codes = read_labels(Path(args.labels)), label_types(types)[1]
-        print(f"labels read from {args.labels}", file=sys.stderr)
-    else:
-        from tqdm import tqdm
+    path = Path(args.labels) if args.labels else None
+    known = read_labels(path) if path is not None and path.exists() and not args.relabel else []
+    if known:
+        print(f"{len(known)} labels read from {path}", file=sys.stderr)
+    if path is not None and (args.relabel or not path.exists()):
+        path.write_text("")
+    from tqdm import tqdm
 
-        with tqdm(total=len(types), desc=f"labelling ({'judge ' + judge.model if judge else 'codes only'})",
-                  unit=" types", file=sys.stderr, disable=judge is None) as bar:
-            labels, codes = label_types(types, judge=judge, progress=lambda n, _total: bar.update(n - bar.n))
-        if args.labels:
-            write_labels(Path(args.labels), labels)
+    todo = sum(1 for t in types if t not in {x.concept_type for x in known}) if judge else 0
+    with tqdm(total=todo, desc=f"labelling ({judge.model if judge else 'codes only'})", unit=" types",
+              file=sys.stderr, disable=not todo) as bar:
+        labels, codes = label_types(types, judge=judge, known=known,
+                                    progress=lambda n, _total: bar.update(n - bar.n),
+                                    on_label=(lambda x: append_label(path, x)) if path is not None else None)
+    if path is not None and judge is None and not known:
+        write_labels(path, labels)
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
                               "labels": "judge" if any(x.source == "judge" for x in labels) else "codes",
                               "codes_vs_labels": agreement(codes, labels)}
@@ -174,7 +179,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    "http://127.0.0.1:8000/v1); without it, labels come from codes and types they do not decide "
                    "are left out")
     q.add_argument("--judge-model", help="model name to ask the judge endpoint for")
-    q.add_argument("--labels", help="JSON-lines label file: read if it exists (unless --relabel), else written")
+    q.add_argument("--labels", help="JSON-lines label file: the labels in it are used (unless --relabel) and the "
+                   "judge labels only the types it lacks, appending each label as it comes (a run can be resumed)")
     q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
     q.add_argument("--alpha", type=float, default=0.01, help="the risk level of the conformal bound (default 0.01)")
     q.add_argument("--seed", type=int, default=0, help="seed of the type splits and the head's training")

@@ -150,6 +150,11 @@ def write_labels(path: Path, labels: Iterable[Label]) -> int:
     return n
 
 
+def append_label(path: Path, label: Label) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({**asdict(label), "endurance": label.endurance.value}) + "\n")
+
+
 def read_labels(path: Path) -> list[Label]:
     out = []
     for line in path.read_text().splitlines():

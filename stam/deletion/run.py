@@ -36,18 +36,26 @@ def candidate_types(states: Iterable[PatientState]) -> tuple[dict[str, list[Atom
 
 
 def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
-                progress: Callable[[int, int], None] | None = None) -> tuple[list[Label], list[Label]]:
+                progress: Callable[[int, int], None] | None = None, known: Iterable[Label] = (),
+                on_label: Callable[[Label], None] | None = None) -> tuple[list[Label], list[Label]]:
     """(labels used, labels from codes). With a judge (an LLMClient) every type is judged and the codes are only
-    compared; without one, the codes' labels are used and the types they do not decide are left out."""
+    compared; without one, the codes' labels are used and the types they do not decide are left out. ``known``:
+    labels kept from an earlier run (a label file), used as they are; only the other types are judged, each
+    handed to ``on_label`` as it comes (a long labelling run can be stopped and resumed)."""
     today = date.today()
     codes = code_labels(types, today=today)
+    have = {x.concept_type: x for x in known if x.concept_type in types}
     if judge is None:
-        return codes, codes
-    out = []
-    for i, (_t, ms) in enumerate(sorted(types.items()), 1):
-        out.append(judge_type(judge, ms, today=today))
+        return (list(have.values()) or codes), codes
+    out = list(have.values())
+    todo = [(t, ms) for t, ms in sorted(types.items()) if t not in have]
+    for i, (_t, ms) in enumerate(todo, 1):
+        label = judge_type(judge, ms, today=today)
+        out.append(label)
+        if on_label is not None:
+            on_label(label)
         if progress is not None:
-            progress(i, len(types))
+            progress(i, len(todo))
     return out, codes
 
 
