@@ -211,3 +211,20 @@ def test_dashboard_configmap_carries_the_generated_json(default: list[dict[str, 
     (cm,) = [o for o in default if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "stam-dashboard"]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(cm["data"]["stam.json"]) == json.loads((hc.CHART / "dashboards" / "stam.json").read_text())
+
+
+def test_a_deletion_gate_configmap_is_mounted_and_scheduled() -> None:
+    objects = hc.render({"deletion": {"gateConfigMap": "stam-deletion-gate", "sweepSeconds": 3600}})
+    errors = [f"{o['kind']}/{o['metadata']['name']}: {e}" for o in objects for e in hc.validate(o)]
+    assert errors == []
+    (cm,) = [o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "stam-settings"]
+    assert (cm["data"]["STAM_DELETION_GATE"], cm["data"]["STAM_DELETION_SWEEP_S"]) == ("/etc/stam/deletion-gate", "3600")
+    for deployment in kinds(objects, "Deployment"):
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        assert volumes["deletion-gate"]["configMap"]["name"] == "stam-deletion-gate"
+        for c in containers(deployment):
+            assert {"name": "deletion-gate", "mountPath": "/etc/stam/deletion-gate", "readOnly": True} in c[
+                "volumeMounts"]
+    plain = hc.render()
+    (cm,) = [o for o in plain if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "stam-settings"]
+    assert "STAM_DELETION_GATE" not in cm["data"]

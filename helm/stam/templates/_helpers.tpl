@@ -148,6 +148,11 @@ seccompProfile:
   mountPath: /etc/stam/redis-ca
   readOnly: true
 {{- end }}
+{{- if .Values.deletion.gateConfigMap }}
+- name: deletion-gate
+  mountPath: /etc/stam/deletion-gate
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{- define "stam.volumes" -}}
@@ -190,6 +195,17 @@ seccompProfile:
     items:
       - key: ca.crt
         path: ca.crt
+{{- end }}
+{{- if .Values.deletion.gateConfigMap }}
+- name: deletion-gate
+  configMap:
+    name: {{ .Values.deletion.gateConfigMap }}
+    defaultMode: 0444
+    items:
+      - key: gate.json
+        path: gate.json
+      - key: head.npz
+        path: head.npz
 {{- end }}
 {{- end -}}
 
