@@ -64,6 +64,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
                               "labels": "judge" if any(x.source == "judge" for x in labels) else "codes",
                               "codes_vs_labels": agreement(codes, labels)}
+    if getattr(args, "label_only", False):
+        report["types"] = {"candidates": len(types), "labelled": len(labels),
+                           "by_label": {e: sum(1 for x in labels if x.endurance.value == e)
+                                        for e in ("safe-to-forget", "uncertain", "never-forget")}}
+        return emit_report(report, args.out)
     run_report, gates = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name,
                                         alpha=args.alpha, seed=args.seed, rounds=args.rounds)
     report |= run_report
@@ -161,6 +166,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return emit_report(report, args.out)
 
 
+def _label_options(q: argparse.ArgumentParser) -> None:
+    add_replay_options(q, source="synthea")
+    q.add_argument("--judge-url", help="OpenAI-compatible endpoint of the label judge (e.g. `stam serve`'s "
+                   "http://127.0.0.1:8000/v1); without it, labels come from codes and types they do not decide "
+                   "are left out")
+    q.add_argument("--judge-model", help="model name to ask the judge endpoint for")
+    q.add_argument("--labels", help="JSON-lines label file: the labels in it are used (unless --relabel) and the "
+                   "judge labels only the types it lacks, appending each label as it comes (a run can be resumed)")
+    q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("deletion", help="the conservative deletion gate: calibrate it on a replayed store, then "
                        "sweep a deployment's archived memories with it",
@@ -174,14 +190,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "trains the head, picks tau by conformal risk control (strict; never-forget-only as a "
                      "diagnostic) and prints the paper's diagnostics (JSON on stdout and --out, a table on stderr). "
                      "Deletes nothing. " + GUARANTEE)
-    add_replay_options(q, source="synthea")
-    q.add_argument("--judge-url", help="OpenAI-compatible endpoint of the label judge (e.g. `stam serve`'s "
-                   "http://127.0.0.1:8000/v1); without it, labels come from codes and types they do not decide "
-                   "are left out")
-    q.add_argument("--judge-model", help="model name to ask the judge endpoint for")
-    q.add_argument("--labels", help="JSON-lines label file: the labels in it are used (unless --relabel) and the "
-                   "judge labels only the types it lacks, appending each label as it comes (a run can be resumed)")
-    q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
+    _label_options(q)
     q.add_argument("--alpha", type=float, default=0.01, help="the risk level of the conformal bound (default 0.01)")
     q.add_argument("--seed", type=int, default=0, help="seed of the type splits and the head's training")
     q.add_argument("--rounds", type=int, default=200, help="random re-splits for the guarantee check")
@@ -189,6 +198,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--gate-out", metavar="DIR", help="write the calibrated gate (head.npz, gate.json: the strict "
                    "criterion's tau) here, for `stam deletion sweep --gate`")
     q.set_defaults(fn=cmd_calibrate)
+
+    lab = d.add_parser("label", help="replay a store and label its candidates' concept types (the judge, else "
+                       "codes), resumable; no training, no threshold",
+                       description="The first step of `calibrate` alone: replays MIMIC-IV patients or Synthea bundles "
+                       "on private stores, takes the gate's candidates and labels their concept types (the blinded "
+                       "judge at --judge-url, else codes), appending to --labels; `calibrate --labels` then uses them. "
+                       "JSON report (label counts, codes versus judge) on stdout.")
+    _label_options(lab)
+    lab.add_argument("--out", help="also write the JSON report here")
+    lab.set_defaults(fn=cmd_calibrate, label_only=True)
 
     w = d.add_parser("sweep", help="score this deployment's archived memories with a calibrated gate and order "
                      "the deletions (--dry-run: only list them)",

@@ -18,8 +18,12 @@ Two ways to name the past:
   reference can end an order whose own start is later than the order that ended it) is left out.
 
 A memory the deletion gate deleted (a ``deleted`` transition) is absent from every point in time, before its
-deletion too: deletion forgets, it does not end a fact. Where it was the current value at T, the thread has no
-current value at T (the gate keeps the value before the current one, so this never touches the present).
+deletion too: deletion forgets, it does not end a fact. Past states are computed as if it had never been
+recorded: a memory whose successor it was is followed by its successor instead (the link the update stage
+re-pointed), an archival it caused ended its memory at an unknown time (which the successor rule then decides,
+as the timeline does for evidence gone from the record), and its relations go. So at a T between a deleted
+value and the next one, the value before it is the current one at T. The gate keeps the value before the
+current one, so the present is never affected.
 
 This replay is the reference; the read path computes the same states from the patient's timeline
 (:mod:`stam.read.timeline`) without re-reading the log, and a test checks both agree on real patients.
@@ -62,8 +66,37 @@ def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str], when: datet
             and m.effective_start <= as_of < when)
 
 
+def forget_deleted(events: Sequence[TransitionEvent]) -> list[TransitionEvent]:
+    """The events as if the deleted memories had never been recorded (see the module's notes)."""
+    deleted = {e.memory_id: e.successor_id for e in events if e.kind is TransitionKind.DELETED}
+    if not deleted:
+        return list(events)
+
+    def follow(memory_id: str | None) -> str | None:
+        seen: set[str] = set()
+        while memory_id in deleted and memory_id not in seen:
+            seen.add(memory_id)
+            memory_id = deleted[memory_id]
+        return memory_id
+
+    out = []
+    for e in events:
+        if e.memory_id in deleted:
+            continue
+        change: dict[str, Any] = {}
+        if e.successor_id in deleted:
+            change["successor_id"] = follow(e.successor_id)
+        if e.evidence_id in deleted:
+            change |= {"evidence_id": None, "clinical_time": None}
+        if any(r.source_id in deleted or r.target_id in deleted for r in e.relations):
+            change["relations"] = tuple(r for r in e.relations if r.source_id not in deleted
+                                        and r.target_id not in deleted)
+        out.append(e.model_copy(update=change) if change else e)
+    return out
+
+
 def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: datetime) -> PatientState:
-    mine = [e for e in events if e.patient_id == patient_id]
+    mine = forget_deleted([e for e in events if e.patient_id == patient_id])
     source = {e.memory_id: e.memory.source_ref for e in mine if e.memory is not None and e.memory.source_ref}
     covered = {e.evidence_id for e in mine if e.kind is TransitionKind.ARCHIVED and e.evidence_id
                and source.get(e.memory_id) is not None and source.get(e.memory_id) == source.get(e.evidence_id)}

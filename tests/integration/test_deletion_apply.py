@@ -23,6 +23,7 @@ from stam.deletion.scorer import render, train
 from stam.deletion.sweep import orders, scan
 from stam.export import export_state
 from stam.read.asof import state_at_time, state_at_version
+from stam.read.timeline import Timeline
 from stam.rebuild import rebuild
 from stam.stages import delete_batch, process_entry
 from tests.conftest import SMALL_PATIENT
@@ -103,10 +104,21 @@ def test_the_log_replayed_agrees_with_the_live_state_after_deletion(deps: Any, a
     # A deletion forgets: the memory is absent at every earlier version and time too.
     for v in range(1, live["state_version"] + 1, 7):
         assert not ids & set(state_at_version(SMALL_PATIENT, log, v).memories)
-    for s in applied["chosen"][:10]:
-        t = s.memory.effective_start
-        if t is not None:
-            assert not ids & set(state_at_time(SMALL_PATIENT, log, t).memories)
+    # The read path's timeline (from the live rows) and the log replay give the same past states, at the times a
+    # deleted memory was recorded and at every tenth clinical time of the record.
+    after = deps.states.load(SMALL_PATIENT)
+    tl = Timeline.from_stored(SMALL_PATIENT, after.version, after.memories.values())
+    times = sorted({t for s in applied["before"].memories.values()
+                    for t in (s.memory.effective_start, s.memory.effective_end) if t is not None})
+    probes = sorted({s.memory.effective_start for s in applied["chosen"] if s.memory.effective_start} |
+                    set(times[::10]))
+    for t in probes:
+        past = state_at_time(SMALL_PATIENT, log, t)
+        assert not ids & set(past.memories)
+        view = tl.view(t)
+        from_timeline = {tl.ids[i]: Store.HISTORY if view.history[i] else Store.ACTIVE for i in range(len(tl))
+                         if view.present[i]}
+        assert from_timeline == {m: s.store for m, s in past.memories.items()}, t
 
     deps.states.erase_patient(SMALL_PATIENT)
     deps.vectors.erase_patient(SMALL_PATIENT)

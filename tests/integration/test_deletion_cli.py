@@ -15,12 +15,21 @@ from tests.conftest import BUNDLES, REPO, SMALL_PATIENT, need_data
 def test_calibrate_reports_the_gate_on_a_replayed_patient(tmp_path: Path) -> None:
     need_data()
     out, labels = tmp_path / "report.json", tmp_path / "labels.jsonl"
-    done = subprocess.run([sys.executable, "-m", "stam.cli", "deletion", "calibrate", "--source", "synthea",
-                           "--synthea", str(BUNDLES), "--subjects", SMALL_PATIENT, "--rounds", "20",
-                           "--labels", str(labels), "--out", str(out)],
+    replay = ["--source", "synthea", "--synthea", str(BUNDLES), "--subjects", SMALL_PATIENT, "--labels", str(labels)]
+    labelled = subprocess.run([sys.executable, "-m", "stam.cli", "deletion", "label", *replay],
+                              cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert labelled.returncode == 0, labelled.stderr[-3000:]
+    counts = json.loads(labelled.stdout)["types"]
+    assert counts["labelled"] == labels.read_text().count("\n") > 0
+    done = subprocess.run([sys.executable, "-m", "stam.cli", "deletion", "calibrate", *replay, "--rounds", "20",
+                           "--out", str(out), "--gate-out", str(tmp_path / "gate")],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert f"{counts['labelled']} labels read from" in done.stderr
     report = json.loads(out.read_text())
+    gate = json.loads((tmp_path / "gate" / "gate.json").read_text())
+    assert gate["tau"] is None and gate["criterion"] == "strict" and gate["calibration_id"].startswith("gate-")
+    assert report["gate"]["calibration_id"] == gate["calibration_id"] == report["calibration_id"]["strict"]
     assert report["labels"] == "codes" and report["codes_vs_labels"]["agree"] == 1.0
     assert report["types"]["labelled"] > 0 and report["memories"]["labelled"] > 0
     assert sum(report["kept_by_rule"].values()) > 0  # the record's own needs held memories back
