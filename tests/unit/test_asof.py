@@ -156,3 +156,27 @@ def test_evidence_outside_the_visibility_boundary_is_left_out_and_what_it_ended_
     assert timeline_active(events, None, exclude_categories=("condition",)) == set()
     assert timeline_active(events, None, exclude_source_types=("Observation",)) == set()
     assert timeline_active(events, t(2010), exclude_entry_ids=("e2",)) == {"old"}
+
+
+def test_a_deleted_memory_is_absent_at_every_time_and_its_chain_reads_as_if_it_never_was() -> None:
+    """Values a (2010) -> b (2012) -> c (2014, current); the gate deleted b."""
+    a, b, c = mem("a", "e1", t(2010)), mem("b", "e2", t(2012)), mem("c", "e3", t(2014))
+
+    def archived(m: str, by: str, when: int, version: int) -> TransitionEvent:
+        return TransitionEvent(transition_id=f"t-arch-{m}", patient_id="p", entry_id=f"e-{by}", sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id=m, from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=Reason.SUPERSEDED, successor_id=by, evidence_id=by,
+                               clinical_time=t(when), recorded_at=t(2030), state_version=version)
+
+    deleted = TransitionEvent(transition_id="t-del-b", patient_id="p", entry_id="del-1", sequence=0,
+                              kind=TransitionKind.DELETED, memory_id="b", from_store=Store.HISTORY, to_store=None,
+                              reason=Reason.SUPERSEDED, successor_id="c", recorded_at=t(2030), state_version=4)
+    events = [added(a, 1), added(b, 2), archived("a", "b", 2012, 2), added(c, 3), archived("b", "c", 2014, 3)]
+    assert [active(events, t(y)) for y in (2011, 2013, 2015)] == [{"a"}, {"b"}, {"c"}]
+    events.append(deleted)
+    # Between b and c, b was the current value; with b forgotten, a is (as if b had never been recorded).
+    assert [active(events, t(y)) for y in (2011, 2013, 2015)] == [{"a"}, {"a"}, {"c"}]
+    now = state_at_time("p", events, t(2015))
+    assert set(now.memories) == {"a", "c"} and now.memories["a"].successor_id == "c"
+    for year in (2009, 2011, 2013, 2015):  # the read path's timeline over the live rows agrees
+        assert timeline_active(events, t(year)) == active(events, t(year)), year
