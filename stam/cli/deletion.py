@@ -28,13 +28,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     subjects = args.subjects.split(",") if args.subjects else None
     embedder = Embedder()
+    if args.replay_dir and args.source != "mimic":
+        print("stam deletion: --replay-dir keeps MIMIC-IV replays only", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
         print(f"replaying {args.source} ...", file=sys.stderr)
         if args.source == "mimic":
             from stam.eval.state import replay_mimic
 
             run = replay_mimic(Path(args.mimic), subjects=subjects, tables=args.tables.split(","), variant="stam",
-                               workdir=Path(work), embedder=embedder)
+                               workdir=Path(args.replay_dir or work), embedder=embedder, keep=bool(args.replay_dir))
         else:
             from stam.eval.synthea import replay_synthea
 
@@ -69,17 +72,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            "by_label": {e: sum(1 for x in labels if x.endurance.value == e)
                                         for e in ("safe-to-forget", "uncertain", "never-forget")}}
         return emit_report(report, args.out)
+    alpha, *others = args.alpha
     run_report, gates = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name,
-                                        alpha=args.alpha, seed=args.seed, rounds=args.rounds)
+                                        alpha=alpha, seed=args.seed, rounds=args.rounds)
     report |= run_report
     report["guarantee"] = GUARANTEE
+    written = {alpha: gates}
+    if others:  # the same head and split, the threshold at other risk levels: diagnostics beside the gate's
+        report["other_alphas"] = {}
+        for a in others:
+            more, written[a] = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name, alpha=a,
+                                               seed=args.seed, rounds=args.rounds)
+            report["other_alphas"][str(a)] = {k: more[k] for k in ("tau", "calibration_id", "calibration_split",
+                                                                   "held_out", "store", "resplit")}
     if args.gate_out:
-        gate = gates[STRICT]  # never-forget-only is the paper's diagnostic, never used to delete
-        gate.save(Path(args.gate_out))
-        report["gate"] = {"path": args.gate_out, **gate.spec.as_dict()}
-        print(f"gate written to {args.gate_out} ({gate.spec.calibration_id}, tau "
-              f"{gate.spec.as_dict()['tau']}: {'deletes nothing' if gate.spec.as_dict()['tau'] is None else 'ok'})",
-              file=sys.stderr)
+        report["gate"] = []
+        for a, g in written.items():
+            gate = g[STRICT]  # never-forget-only is the paper's diagnostic, never used to delete
+            folder = Path(args.gate_out) if a == alpha else Path(f"{args.gate_out}-alpha{a}")
+            gate.save(folder)
+            report["gate"].append({"path": str(folder), **gate.spec.as_dict()})
+            tau = gate.spec.as_dict()["tau"]
+            print(f"gate written to {folder} (alpha {a}, {gate.spec.calibration_id}, tau "
+                  f"{tau}{': deletes nothing' if tau is None else ''})", file=sys.stderr)
     rows = [{"where": f"{where} ({c})", **{k: v for k, v in d.items() if k != "memories"}}
             for where in ("calibration_split", "held_out", "store") for c, d in report[where].items()]
     print(table(rows, [("where", "where (criterion)"), ("tau", "tau"), ("deleted", "deleted"),
@@ -175,6 +190,8 @@ def _label_options(q: argparse.ArgumentParser) -> None:
     q.add_argument("--labels", help="JSON-lines label file: the labels in it are used (unless --relabel) and the "
                    "judge labels only the types it lacks, appending each label as it comes (a run can be resumed)")
     q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
+    q.add_argument("--replay-dir", help="MIMIC-IV: keep the replay in this folder and reuse it next time (a replay "
+                   "of many patients with every table takes tens of minutes here)")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -191,7 +208,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "diagnostic) and prints the paper's diagnostics (JSON on stdout and --out, a table on stderr). "
                      "Deletes nothing. " + GUARANTEE)
     _label_options(q)
-    q.add_argument("--alpha", type=float, default=0.01, help="the risk level of the conformal bound (default 0.01)")
+    q.add_argument("--alpha", type=float, nargs="+", default=[0.01], help="the risk level of the conformal bound "
+                   "(default 0.01); more values report the same head's threshold at those levels too (diagnostics; "
+                   "with --gate-out, each one's gate goes to DIR-alpha<A>)")
     q.add_argument("--seed", type=int, default=0, help="seed of the type splits and the head's training")
     q.add_argument("--rounds", type=int, default=200, help="random re-splits for the guarantee check")
     q.add_argument("--out", help="also write the JSON report here")

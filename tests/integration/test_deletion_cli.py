@@ -22,14 +22,18 @@ def test_calibrate_reports_the_gate_on_a_replayed_patient(tmp_path: Path) -> Non
     counts = json.loads(labelled.stdout)["types"]
     assert counts["labelled"] == labels.read_text().count("\n") > 0
     done = subprocess.run([sys.executable, "-m", "stam.cli", "deletion", "calibrate", *replay, "--rounds", "20",
-                           "--out", str(out), "--gate-out", str(tmp_path / "gate")],
+                           "--out", str(out), "--gate-out", str(tmp_path / "gate"), "--alpha", "0.01", "0.5"],
                           cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"{counts['labelled']} labels read from" in done.stderr
     report = json.loads(out.read_text())
     gate = json.loads((tmp_path / "gate" / "gate.json").read_text())
     assert gate["tau"] is None and gate["criterion"] == "strict" and gate["calibration_id"].startswith("gate-")
-    assert report["gate"]["calibration_id"] == gate["calibration_id"] == report["calibration_id"]["strict"]
+    assert report["gate"][0]["calibration_id"] == gate["calibration_id"] == report["calibration_id"]["strict"]
+    # Another alpha: the same head's threshold, reported beside the gate's and written as its own gate.
+    other = json.loads((tmp_path / "gate-alpha0.5" / "gate.json").read_text())
+    assert other["alpha"] == 0.5 and other["calibration_id"] != gate["calibration_id"]
+    assert report["other_alphas"]["0.5"]["calibration_id"]["strict"] == other["calibration_id"]
     assert report["labels"] == "codes" and report["codes_vs_labels"]["agree"] == 1.0
     assert report["types"]["labelled"] > 0 and report["memories"]["labelled"] > 0
     assert sum(report["kept_by_rule"].values()) > 0  # the record's own needs held memories back
