@@ -345,21 +345,11 @@ async def publish_replay(settings: Settings, plan: Replay, headers: list[tuple[s
     wait until the broker has it: (partition, offset)."""
     sealer = sealer or sealer_for(settings)
     key, value = sealer.message_key(plan.patient_id), sealer.seal(plan.patient_id, plan.value)
-    from aiokafka import AIOKafkaProducer
+    from topology.admin import producer
 
-    from topology.admin import kafka_client_kwargs
-
-    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
-    try:
-        await producer.start()
-    except BaseException:
-        await producer.stop()
-        raise
-    try:
-        md = await producer.send_and_wait(plan.topic, key=key, value=value, headers=headers)
+    async with producer(settings) as out:
+        md = await out.send_and_wait(plan.topic, key=key, value=value, headers=headers)
         return md.partition, md.offset
-    finally:
-        await producer.stop()
 
 
 def record_replay(states: RedisStateStore, item: Listed, plan: Replay, sent: tuple[int, int],

@@ -833,18 +833,12 @@ def _rewrite_redis_files(client: redis.Redis, report: Report) -> None:
 
 
 async def _publish_receipt(settings: Settings, receipt: bytes, key: bytes) -> None:
-    from aiokafka import AIOKafkaProducer
-
     from topology import topics as t
-    from topology.admin import ensure_topics, kafka_client_kwargs
+    from topology.admin import ensure_topics, producer
 
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
-    await producer.start()
-    try:
-        await producer.send_and_wait(t.AUDIT.name(settings.topic_prefix), key=key, value=receipt)
-    finally:
-        await producer.stop()
+    async with producer(settings) as out:
+        await out.send_and_wait(t.AUDIT.name(settings.topic_prefix), key=key, value=receipt)
 
 
 def software_version() -> str:

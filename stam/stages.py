@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import orjson
@@ -44,6 +44,8 @@ from stam.integrity import archive_refusal, stamp
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.state import PatientState
 from stam.stores.base import Commit, Hit, StateStore, VectorRow, VectorStore
+
+R = TypeVar("R")
 
 
 def _utcnow() -> datetime:
@@ -306,10 +308,16 @@ def update_batch(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResul
     patient and one Redis transaction for the whole batch (versions checked for every patient in it).
     On a version conflict the whole batch is recomputed from the stored state.
     """
+    return _committed(lambda: _update_batch_once(items, deps), {x.entry.patient_id for x in items}, deps)
+
+
+def _committed(attempt: Callable[[], list[R]], patients: set[str], deps: Deps) -> list[R]:
+    """``attempt`` (which reads the patients' states and commits with a version check) again from the stored
+    state after a conflicting commit, up to ``commit_retries`` times."""
     for _attempt in range(deps.params.commit_retries):
         try:
-            with deps.states.pinned_versions({x.entry.patient_id for x in items}):
-                return _update_batch_once(items, deps)
+            with deps.states.pinned_versions(patients):
+                return attempt()
         except ConcurrentUpdate:
             continue
     raise ConcurrentUpdate(f"gave up after {deps.params.commit_retries} conflicting commits")
@@ -477,13 +485,7 @@ class DeletionResult(UpdateResult):
 def delete_batch(orders: Sequence[DeletionOrder], deps: Deps) -> list[DeletionResult]:
     """Apply the deletion gate's orders in their order, like entries: versioned commit, transitions in an outbox,
     vectors removed. Idempotent: a replayed order finds its memories gone (and its outbox, if undelivered)."""
-    for _attempt in range(deps.params.commit_retries):
-        try:
-            with deps.states.pinned_versions({o.patient_id for o in orders}):
-                return _delete_batch_once(orders, deps)
-        except ConcurrentUpdate:
-            continue
-    raise ConcurrentUpdate(f"gave up after {deps.params.commit_retries} conflicting commits")
+    return _committed(lambda: _delete_batch_once(orders, deps), {o.patient_id for o in orders}, deps)
 
 
 def _delete_batch_once(orders: Sequence[DeletionOrder], deps: Deps) -> list[DeletionResult]:

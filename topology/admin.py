@@ -13,7 +13,21 @@ from stam.config import Settings
 from stam.transport import bootstrap, kafka_client_kwargs
 from topology import topics as t
 
-__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "read_to_end"]
+__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "read_to_end"]
+
+
+@contextlib.asynccontextmanager
+async def producer(settings: Settings) -> AsyncIterator[Any]:
+    """A started aiokafka producer that waits for every in-sync replica (``acks=all``), stopped on the way out;
+    stopped too when it fails to start (aiokafka leaves its connections open otherwise)."""
+    from aiokafka import AIOKafkaProducer
+
+    made = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
+    try:
+        await made.start()
+        yield made
+    finally:
+        await made.stop()
 
 
 async def ensure_topics(settings: Settings) -> list[str]:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import faust
 
@@ -24,6 +25,8 @@ from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, sea
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")
+In = TypeVar("In")
+Res = TypeVar("Res", bound=UpdateResult)
 
 
 def _failed(task: str, exc: BaseException, delay: float) -> None:
@@ -93,21 +96,20 @@ def register(app: faust.App, runtime: Runtime) -> Any:
 
     Done = tuple[UpdateResult, list[tuple[bytes, bytes]], tuple[str, str]]
 
-    def apply(items: list[ImpactedEntry], deps: Deps) -> list[Done]:
+    def recovering(fn: Callable[[list[In], Deps], list[Res]], items: list[In], deps: Deps) -> list[Res]:
         try:
-            results = update_batch(items, deps)
+            return fn(items, deps)
         except StateRolledBack:
             # The store lost writes while this worker ran: rebuild from the log, then apply on top of that.
             runtime.durability.recover_blocking()
-            results = update_batch(items, deps)
+            return fn(items, deps)
+
+    def apply(items: list[ImpactedEntry], deps: Deps) -> list[Done]:
+        results = recovering(update_batch, items, deps)
         return _sealed(results, [(item.entry.patient_id, item.entry.entry_id) for item in items])
 
     def apply_deletions(orders: list[DeletionOrder], deps: Deps) -> list[Done]:
-        try:
-            results = delete_batch(orders, deps)
-        except StateRolledBack:
-            runtime.durability.recover_blocking()
-            results = delete_batch(orders, deps)
+        results = recovering(delete_batch, orders, deps)
         for r in results:  # the state moved since the sweep: counted by why, never with ids
             for why in r.skipped.values():
                 DELETIONS_SKIPPED.labels(why=why).inc()

@@ -88,11 +88,9 @@ def orders(sweep: PatientSweep, gate: Gate, *, now: datetime | None = None,
 async def publish_orders(settings: Any, items: Sequence[DeletionOrder], sealer: Any = None) -> int:
     """Send the orders to ``stam.deletions.v1``, sealed for their patients and keyed by pseudonym like every STAM
     message, and wait until the broker has each. Returns how many were sent."""
-    from aiokafka import AIOKafkaProducer
-
     from stam.crypto import sealer_for
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
+    from topology.admin import producer
 
     if not items:
         return 0
@@ -100,19 +98,11 @@ async def publish_orders(settings: Any, items: Sequence[DeletionOrder], sealer: 
     sealed = [(sealer.message_key(o.patient_id), sealer.seal(o.patient_id, o.model_dump_json().encode()))
               for o in items]
     sealer.durable()
-    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
-    try:
-        await producer.start()
-    except BaseException:
-        await producer.stop()
-        raise
-    try:
-        topic = t.DELETIONS.name(settings.topic_prefix)
+    topic = t.DELETIONS.name(settings.topic_prefix)
+    async with producer(settings) as out:
         for key, value in sealed:
-            await producer.send_and_wait(topic, key=key, value=value)
-        return len(sealed)
-    finally:
-        await producer.stop()
+            await out.send_and_wait(topic, key=key, value=value)
+    return len(sealed)
 
 
 def wait_applied(states: StateStore, items: Sequence[DeletionOrder], timeout_s: float,

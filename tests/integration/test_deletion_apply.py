@@ -11,15 +11,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
 import pytest
 
-from schemas import Category, DeletionOrder, DeletionVerdict, QueryRequest, Store, TransitionKind
+from schemas import DeletionOrder, DeletionVerdict, GateMode, QueryRequest, Store, TransitionKind
 from stam.compose import local_query_service
 from stam.deletion.candidates import Keep, select
-from stam.deletion.gate import Gate, GateSpec
-from stam.deletion.labels import concept_type
-from stam.deletion.scorer import render, train
 from stam.deletion.sweep import orders, scan
 from stam.export import export_state
 from stam.read.asof import state_at_time, state_at_version
@@ -27,21 +23,11 @@ from stam.read.timeline import Timeline
 from stam.rebuild import rebuild
 from stam.stages import delete_batch, process_entry
 from tests.conftest import SMALL_PATIENT
+from tests.integration.deletion_gate import observation_gate
 
 pytestmark = pytest.mark.integration
 
 NOW = datetime(2026, 11, 25, tzinfo=UTC)
-
-
-def _gate(deps: Any) -> Gate:
-    state = deps.states.load(SMALL_PATIENT)
-    memories = [c.stored.memory for c in select(state).candidates]
-    safe = np.asarray([m.category is Category.OBSERVATION for m in memories], dtype=np.float32)
-    assert 0 < safe.sum() < len(safe), "the test needs candidates of both kinds"
-    head = train(deps.embedder.embed([render(m) for m in memories]), safe, encoder=deps.embedder.model_name,
-                 types=[concept_type(m) for m in memories])
-    return Gate(head, GateSpec(tau=0.5, alpha=0.1, criterion="strict", encoder=deps.embedder.model_name,
-                               calibration_id="test-gate", created=NOW.isoformat(), calibration_types=0))
 
 
 @pytest.fixture()
@@ -50,7 +36,7 @@ def applied(deps: Any, small_bundle: Any) -> dict[str, Any]:
     for e in small_bundle.entries:
         log.extend(process_entry(e, deps).transitions)
     before = deps.states.load(SMALL_PATIENT)
-    gate = _gate(deps)
+    gate = observation_gate(before, deps.embedder, "test-gate")
     swept = next(scan(deps.states, deps.embedder.embed, gate, [SMALL_PATIENT]))
     assert swept.chosen, "the gate chose nothing to delete"
     todo = orders(swept, gate, now=NOW, size=10)
@@ -88,7 +74,7 @@ def test_a_deleted_memory_is_gone_from_redis_milvus_the_graph_and_every_packet(d
 
     svc = local_query_service(deps)
     for s in chosen[:5]:
-        for gate in ("auto", "both"):
+        for gate in (GateMode.AUTO, GateMode.BOTH):
             p = svc.packet(QueryRequest(request_id="r", patient_id=SMALL_PATIENT, question=s.memory.text, gate=gate,
                                         k_history=50))
             assert p.items and not {i.memory_id for i in p.items} & set(ids), p.rendered

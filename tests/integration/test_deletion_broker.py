@@ -15,15 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from schemas import Category, TransitionKind
+from schemas import TransitionKind
 from stam.compose import redis_client
-from stam.deletion.candidates import select
-from stam.deletion.gate import Gate, GateSpec
-from stam.deletion.labels import concept_type
-from stam.deletion.scorer import render, train
 from stam.embedding import Embedder
 from stam.export import export_state
 from stam.read.asof import read_patient_transitions
@@ -31,6 +26,7 @@ from stam.stores.milvus import MilvusVectorStore
 from stam.stores.redis_state import RedisStateStore
 from tests.conftest import REPO, SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
+from tests.integration.deletion_gate import observation_gate
 
 pytestmark = pytest.mark.integration
 
@@ -49,13 +45,7 @@ def test_a_sweep_deletes_through_the_update_stage_and_the_log_rebuilds_it(
     asyncio.run(_collect(s, {e.entry_id for e in small_bundle.entries}, timeout=420))
     states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
     before = states.load(SMALL_PATIENT)
-    memories = [c.stored.memory for c in select(before).candidates]
-    safe = np.asarray([m.category is Category.OBSERVATION for m in memories], dtype=np.float32)
-    head = train(embedder.embed([render(m) for m in memories]), safe, encoder=embedder.model_name,
-                 types=[concept_type(m) for m in memories])
-    Gate(head, GateSpec(tau=0.5, alpha=0.1, criterion="strict", encoder=embedder.model_name,
-                        calibration_id="test-gate", created="2026-11-25T00:00:00+00:00",
-                        calibration_types=0)).save(tmp_path / "gate")
+    observation_gate(before, embedder, "test-gate", tmp_path / "gate")
 
     dry = _stam(s, "deletion", "sweep", "--gate", str(tmp_path / "gate"), "--dry-run", "--list")
     assert dry.returncode == 0, dry.stderr[-3000:]

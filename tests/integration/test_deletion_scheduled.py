@@ -13,15 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
-from schemas import Category, Store, TransitionKind
+from schemas import Store, TransitionKind
 from stam.compose import local_deps, redis_client
-from stam.deletion.candidates import select
-from stam.deletion.gate import Gate, GateSpec
-from stam.deletion.labels import concept_type
-from stam.deletion.scorer import render, train
+from stam.deletion.gate import Gate
 from stam.deletion.sweep import scan
 from stam.embedding import Embedder
 from stam.read.asof import read_patient_transitions
@@ -30,6 +26,7 @@ from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.deletion_gate import observation_gate
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +38,10 @@ def gate_dir(tmp_path_factory: pytest.TempPathFactory, small_bundle: Any, embedd
     try:
         for e in small_bundle.entries:
             process_entry(e, deps)
-        memories = [c.stored.memory for c in select(deps.states.load(SMALL_PATIENT)).candidates]
+        observation_gate(deps.states.load(SMALL_PATIENT), embedder, "test-scheduled", work / "gate")
     finally:
         deps.vectors.close()
         client.shutdown()
-    safe = np.asarray([m.category is Category.OBSERVATION for m in memories], dtype=np.float32)
-    head = train(embedder.embed([render(m) for m in memories]), safe, encoder=embedder.model_name,
-                 types=[concept_type(m) for m in memories])
-    Gate(head, GateSpec(tau=0.5, alpha=0.1, criterion="strict", encoder=embedder.model_name,
-                        calibration_id="test-scheduled", created="2026-11-25T00:00:00+00:00",
-                        calibration_types=0)).save(work / "gate")
     return work / "gate"
 
 
