@@ -57,9 +57,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     todo = sum(1 for t in types if t not in {x.concept_type for x in known}) if judge else 0
+    if args.judge_limit:
+        todo = min(todo, args.judge_limit)
     with tqdm(total=todo, desc=f"labelling ({judge.model if judge else 'codes only'})", unit=" types",
               file=sys.stderr, disable=not todo) as bar:
-        labels, codes = label_types(types, judge=judge, known=known,
+        labels, codes = label_types(types, judge=judge, known=known, limit=args.judge_limit, seed=getattr(args, "seed", 0),
                                     progress=lambda n, _total: bar.update(n - bar.n),
                                     on_label=(lambda x: append_label(path, x)) if path is not None else None)
     if path is not None and judge is None and not known:
@@ -190,6 +192,8 @@ def _label_options(q: argparse.ArgumentParser) -> None:
     q.add_argument("--labels", help="JSON-lines label file: the labels in it are used (unless --relabel) and the "
                    "judge labels only the types it lacks, appending each label as it comes (a run can be resumed)")
     q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
+    q.add_argument("--judge-limit", type=int, default=0, metavar="N", help="judge at most N unlabelled types, a "
+                   "seeded random sample (the rest stay out of the calibration; a store has thousands of types)")
     q.add_argument("--replay-dir", help="MIMIC-IV: keep the replay in this folder and reuse it next time (a replay "
                    "of many patients with every table takes tens of minutes here)")
 

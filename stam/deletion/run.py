@@ -6,6 +6,7 @@ diagnostics. Nothing is deleted here.
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime
 from typing import Any
@@ -37,11 +38,13 @@ def candidate_types(states: Iterable[PatientState]) -> tuple[dict[str, list[Atom
 
 def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
                 progress: Callable[[int, int], None] | None = None, known: Iterable[Label] = (),
-                on_label: Callable[[Label], None] | None = None) -> tuple[list[Label], list[Label]]:
+                on_label: Callable[[Label], None] | None = None, limit: int = 0,
+                seed: int = 0) -> tuple[list[Label], list[Label]]:
     """(labels used, labels from codes). With a judge (an LLMClient) every type is judged and the codes are only
     compared; without one, the codes' labels are used and the types they do not decide are left out. ``known``:
     labels kept from an earlier run (a label file), used as they are; only the other types are judged, each
-    handed to ``on_label`` as it comes (a long labelling run can be stopped and resumed)."""
+    handed to ``on_label`` as it comes (a long labelling run can be stopped and resumed). ``limit``: judge at
+    most this many of them, a seeded random sample (the others stay unlabelled and out of the calibration)."""
     today = date.today()
     codes = code_labels(types, today=today)
     have = {x.concept_type: x for x in known if x.concept_type in types}
@@ -49,6 +52,8 @@ def label_types(types: dict[str, list[AtomicMemory]], *, judge: Any = None,
         return (list(have.values()) or codes), codes
     out = list(have.values())
     todo = [(t, ms) for t, ms in sorted(types.items()) if t not in have]
+    if limit and len(todo) > limit:
+        todo = sorted(random.Random(seed).sample(todo, limit))
     for i, (_t, ms) in enumerate(todo, 1):
         label = judge_type(judge, ms, today=today)
         out.append(label)
