@@ -127,9 +127,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     for name in ("pymilvus", "pymilvus.milvus_client"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
-    patients = args.patient or states.patients()
-    known = set(states.patients())
-    unknown = [p for p in patients if p not in known]
+    known = states.patients()
+    patients = args.patient or known
+    unknown = sorted(set(patients) - set(known))
     if unknown:
         print(f"stam deletion sweep: {len(unknown)} of the patients named have no state here", file=sys.stderr)
         return 2
