@@ -219,7 +219,10 @@ def test_a_subset_registers_only_its_agents() -> None:
     app, _ = build(Settings(web_port=0), ("extract", "link"))
     assert sorted(app.agents) == ["stam.extract", "stam.link"]
     app, _ = build(Settings(web_port=0))
-    assert sorted(app.agents) == ["stam.extract", "stam.impact", "stam.link", "stam.update"]
+    # the update stage is the single writer of patient state: it applies deletion orders too
+    assert sorted(app.agents) == ["stam.delete", "stam.extract", "stam.impact", "stam.link", "stam.update"]
+    app, _ = build(Settings(web_port=0), ("update",))
+    assert sorted(app.agents) == ["stam.delete", "stam.update"]
 
 
 def test_web_binds_to_the_configured_host() -> None:
