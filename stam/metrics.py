@@ -16,7 +16,8 @@ FREE_TEXT = Counter("stam_free_text_entries_total",
 TRANSITIONS = Counter("stam_transitions_total", "State transitions applied", ["kind", "reason"])
 DELETIONS_SKIPPED = Counter("stam_deletions_skipped_total",
                             "Memories of a deletion order the update stage did not delete: gone already, or kept "
-                            "by a rule in the state the order met (active, before-current, thread-start, related)",
+                            "by a rule in the state the order met (active, before-current, thread-start, related, "
+                            "coded-never-forget)",
                             ["why"])
 REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact were redone because the patient state moved meanwhile")

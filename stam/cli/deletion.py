@@ -236,7 +236,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                      "the deletions (--dry-run: only list them)",
                      description="Reads every patient's state (or --patient's), takes the gate's candidates "
                      "(archived memories no keep rule holds: not before-current, not a thread's start, not related "
-                     "to an ACTIVE memory), scores them with the gate's head and orders those scored at or over tau "
+                     "to an ACTIVE memory, not coded never-forget: diagnoses, allergies, procedures, immunizations, "
+                     "lab results), scores them with the gate's head and orders those scored at or over tau "
                      "deleted: orders go to stam.deletions.v1 and the update stage applies them as `deleted` "
                      "transitions (Redis, Milvus and source texts forget the memory; `stam rebuild` and as_of "
                      "reads honour it). JSON report on stdout, a table on stderr. " + GUARANTEE)

@@ -12,6 +12,11 @@ README's deletion section):
   the first value of a series) to a later memory.
 - ``related``: a relation joins it to an ACTIVE memory (the graph hop of impact retrieval follows it, and the
   relation is part of why the ACTIVE memory is understood).
+- ``coded-never-forget``: its codes say it is never forgotten (:func:`stam.deletion.labels.code_label`: a
+  diagnosis, an allergy, a procedure, an immunization, a coded laboratory result). The codes are a rule, not
+  only a training label: the head generalises from the types it was trained on and can score an unlabelled lab
+  type of a new patient as safe. A rule that only holds memories back can only lower the gate's loss, so the
+  calibrated guarantee still holds for what the gate deletes.
 
 A memory whose successor link another memory needs is not kept for that alone: when a memory in the middle of a
 chain is deleted, its predecessor's successor link is re-pointed to its successor (``relink``), so the chain
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from schemas import Store, StoredMemory
+from stam.deletion.labels import Endurance, code_label
 from stam.state import PatientState
 
 
@@ -33,6 +39,7 @@ class Keep(StrEnum):
     BEFORE_CURRENT = "before-current"
     THREAD_START = "thread-start"
     RELATED = "related"
+    CODED = "coded-never-forget"
 
 
 class Source(StrEnum):
@@ -91,6 +98,8 @@ def _keep(s: StoredMemory, state: PatientState, predecessors: set[str], related:
         return Keep.THREAD_START
     if s.memory.memory_id in related:
         return Keep.RELATED
+    if code_label(s.memory) is Endurance.NEVER_FORGET:
+        return Keep.CODED
     return None
 
 

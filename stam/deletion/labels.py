@@ -14,7 +14,12 @@ Two sources of labels:
   (LOINC vital-signs codes, MIMIC-IV charted vitals) is safe to forget once archived: a newer value replaced it
   and the series stays in the memories kept. A diagnosis, an allergy, a procedure and an immunization are
   never forgotten (history that later reasoning needs: past surgery, prior reactions, vaccination status).
-  Everything else is left to the judge (``None``).
+  Nor is a coded laboratory result (a MIMIC-IV ``d_labitems`` item, valued or not, or a LOINC observation that
+  is not a vital sign, with a value): a lab series is read as a trend, its nadir and peak, the value at a past time and the
+  value before the latest are what clinicians ask of it (a baseline creatinine, the lowest haemoglobin), and
+  deleting one from the middle of a series changes those answers (measured on MIMIC-QA: the first gate, which
+  left labs to the judge and the head, cost 7 of 150 answers, all of them lab questions). The judge disagreed on
+  6 of the 17 lab types it labelled; the codes decide. Everything else is left to the judge (``None``).
 - the blinded language-model judge over the concept and up to three example memories (next step of issue 16),
   stored with the judge, its prompt version and the date. The two sources are compared where both label a type.
 """
@@ -40,6 +45,9 @@ class Endurance(StrEnum):
 
 MIMIC_ITEMS = "mimic-d-items"
 """Suffix of the MIMIC-IV charted-items code system (stam/sources/mimic.py SYS_ITEMS)."""
+
+MIMIC_LABITEMS = "mimic-d-labitems"
+"""Suffix of the MIMIC-IV laboratory-items code system (stam/sources/mimic.py SYS_LAB)."""
 
 VITAL_LOINC = frozenset({
     "85353-1", "85354-9", "8480-6", "8462-4", "8478-0",  # vital signs panel, blood pressure panel, systolic, diastolic, mean
@@ -80,10 +88,24 @@ def _vital(memory: AtomicMemory) -> bool:
     return c.system.endswith(MIMIC_ITEMS) and c.code in VITAL_MIMIC_ITEMS
 
 
+def _lab_result(memory: AtomicMemory) -> bool:
+    """A MIMIC-IV lab event (with or without a value: a result withheld or not reported still replaced the value
+    before it in its series), or a LOINC observation with a value that is not a vital sign."""
+    c = memory.concept
+    if c is None:
+        return False
+    if c.system.endswith(MIMIC_LABITEMS):
+        return True
+    has_value = memory.value is not None or bool(memory.value_text)
+    return has_value and c.system == CodeSystem.LOINC.value and c.code not in VITAL_LOINC
+
+
 def code_label(memory: AtomicMemory) -> Endurance | None:
     """The label the codes support, or ``None`` where they do not decide (the judge labels those types)."""
     if memory.category is Category.OBSERVATION and _vital(memory):
         return Endurance.SAFE
+    if memory.category is Category.OBSERVATION and _lab_result(memory):
+        return Endurance.NEVER_FORGET
     if memory.category in NEVER_FORGET_CATEGORIES and memory.concept is not None:
         return Endurance.NEVER_FORGET
     return None

@@ -308,8 +308,15 @@ def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) ->
     results = delete_batch(todo, run.deps) if todo else []
     gone = [t for r in results for t in r.transitions]
     by_category: dict[str, int] = defaultdict(int)
+    by_system: dict[str, int] = defaultdict(int)
+    kept: dict[str, int] = defaultdict(int)
+    for x in swept:
+        for why, n in x.kept.items():
+            kept[why] += n
     for t in gone:
-        by_category[before[t.patient_id].memories[t.memory_id].memory.category.value] += 1
+        m = before[t.patient_id].memories[t.memory_id].memory
+        by_category[m.category.value] += 1
+        by_system[m.concept.system.rsplit("/", 1)[-1] if m.concept is not None else "uncoded"] += 1
     memories = sum(len(s.memories) for s in before.values())
     history = sum(s.counts()["history"] for s in before.values())
     return {"gate": gate.spec.as_dict(), "memories_before": memories, "history_before": history,
@@ -317,6 +324,8 @@ def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) ->
             "deleted": len(gone), "deleted_share": round(len(gone) / memories, 6) if memories else 0.0,
             "deleted_share_of_history": round(len(gone) / history, 6) if history else 0.0,
             "deleted_by_category": dict(sorted(by_category.items())),
+            "deleted_by_code_system": dict(sorted(by_system.items())),
+            "kept_by_rule": dict(sorted(kept.items())),
             "skipped": sum(len(r.skipped) for r in results)}
 
 

@@ -101,10 +101,19 @@ def test_labels_from_codes() -> None:
     mimic_hr = memory(Category.OBSERVATION, "http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-d-items", "220045",
                       "Heart Rate 92 bpm")
     glucose = memory(Category.OBSERVATION, CodeSystem.LOINC.value, "2339-0", "Glucose 110 mg/dL")
+    glucose_value = glucose.model_copy(update={"value": 110.0, "unit": "mg/dL"})
+    mimic_hgb = memory(Category.OBSERVATION, "http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-d-labitems", "51222",
+                       "Hemoglobin 9.1 g/dL").model_copy(update={"value": 9.1})
+    mimic_gcs = memory(Category.OBSERVATION, "http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-d-items", "220739",
+                       "GCS - Eye Opening 4").model_copy(update={"value": 4.0})
     diabetes = memory(Category.CONDITION, CodeSystem.SNOMED.value, "44054006", "Diabetes mellitus type 2")
     note = memory(Category.CONDITION, None, None, "Chest  pain, resolved!")
     assert code_label(hr) is S and code_label(mimic_hr) is S
-    assert code_label(glucose) is None  # a lab value: the judge decides
+    assert code_label(glucose) is None  # a lab code without a value: not a result, the judge decides
+    assert code_label(glucose_value) is N and code_label(mimic_hgb) is N  # a lab result: series values are asked
+    # a MIMIC-IV lab event whose value was withheld ("___") still replaced the value before it in its series
+    assert code_label(mimic_hgb.model_copy(update={"value": None})) is N
+    assert code_label(mimic_gcs) is None  # a charted bedside item that is not a vital sign: the judge decides
     assert code_label(diabetes) is N
     assert code_label(note) is None  # free text: no code to go by
     assert concept_type(hr) == f"{CodeSystem.LOINC.value}|8867-4"
@@ -129,6 +138,12 @@ def test_candidates_are_archived_memories_less_what_the_record_needs() -> None:
     # A series v1 -> v2 -> v3 -> v4 (ACTIVE); a stopped drug related to an ACTIVE condition; a lone old value.
     for mid in ("v1", "v2", "v3", "v4", "cond", "drug", "lone"):
         s.add(mem(mid), Store.ACTIVE)
+    # An old diagnosis, resolved: its code says never forget, whatever a head would score it.
+    s.add(AtomicMemory(memory_id="dx", patient_id="p", entry_id="e-dx", category=Category.CONDITION,
+                       text="Pneumonia", position=0,
+                       concept=Coding(system=CodeSystem.SNOMED.value, code="233604007", display="Pneumonia")),
+          Store.ACTIVE)
+    s.archive("dx", reason=Reason.RESOLVED, successor_id=None, evidence_id=None, entry_id="e", at=at)
     s.relate(Relation(source_id="drug", target_id="cond", type=RelationType.TREATMENT_FOR))
     s.archive("v1", reason=Reason.SUPERSEDED, successor_id="v2", evidence_id="v2", entry_id="e", at=at)
     s.archive("v2", reason=Reason.SUPERSEDED, successor_id="v3", evidence_id="v3", entry_id="e", at=at)
@@ -139,7 +154,7 @@ def test_candidates_are_archived_memories_less_what_the_record_needs() -> None:
     sel = select(s, proposals=["lone", "v4"])
     assert {c.stored.memory.memory_id for c in sel.candidates} == {"v2", "lone"}
     assert sel.kept == {"v1": Keep.THREAD_START, "v3": Keep.BEFORE_CURRENT, "drug": Keep.RELATED,
-                        "v4": Keep.ACTIVE}
+                        "v4": Keep.ACTIVE, "dx": Keep.CODED}
     assert next(c.sources for c in sel.candidates if c.stored.memory.memory_id == "lone") == {Source.SWEEP,
                                                                                               Source.PROPOSAL}
     assert [c.stored.memory.memory_id for c in select(s, proposals=["lone"], sweep=False).candidates] == ["lone"]
