@@ -67,13 +67,22 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if path is not None and judge is None and not known:
         write_labels(path, labels)
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
-                              "labels": "judge" if any(x.source == "judge" for x in labels) else "codes",
+                              "labels": "+".join(sorted({x.source for x in labels})) or "none",
                               "codes_vs_labels": agreement(codes, labels)}
+    labelled = {x.concept_type for x in labels}
     if getattr(args, "label_only", False):
         report["types"] = {"candidates": len(types), "labelled": len(labels),
                            "by_label": {e: sum(1 for x in labels if x.endurance.value == e)
                                         for e in ("safe-to-forget", "uncertain", "never-forget")}}
+        # what is left for a judge (--judge-url) or a person: labels can be added to the file by hand
+        report["unlabelled_types"] = sorted(t for t in types if t not in labelled)
         return emit_report(report, args.out)
+    classes = {x.endurance.protected for x in labels if x.concept_type in types}
+    if len(classes) < 2:
+        have = "no" if not classes else ("only protected" if True in classes else "only safe-to-forget")
+        print(f"stam deletion calibrate: the labels hold {have} candidate types; the head needs both safe and "
+              f"protected ones (label more types: --judge-url, or add labels to --labels)", file=sys.stderr)
+        return 2
     alpha, *others = args.alpha
     run_report, gates = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name,
                                         alpha=alpha, seed=args.seed, rounds=args.rounds)

@@ -61,7 +61,7 @@ class Label:
     concept_type: str
     endurance: Endurance
     source: str
-    """``judge`` or ``codes``."""
+    """``judge``, ``codes``, or ``person`` (a reviewer's label added to the label file by hand)."""
     judge: str
     """The judge's model name (``codes`` for labels from codes)."""
     prompt: str
