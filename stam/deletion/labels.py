@@ -14,14 +14,16 @@ Two sources of labels:
   (LOINC vital-signs codes, MIMIC-IV charted vitals) is safe to forget once archived: a newer value replaced it
   and the series stays in the memories kept. A diagnosis, an allergy, a procedure and an immunization are
   never forgotten (history that later reasoning needs: past surgery, prior reactions, vaccination status).
-  Nor is a coded laboratory result (a MIMIC-IV ``d_labitems`` item, valued or not, or a LOINC observation that
-  is not a vital sign, with a value): a lab series is read as a trend, its nadir and peak, the value at a past time and the
-  value before the latest are what clinicians ask of it (a baseline creatinine, the lowest haemoglobin), and
-  deleting one from the middle of a series changes those answers (measured on MIMIC-QA: the first gate, which
-  left labs to the judge and the head, cost 7 of 150 answers, all of them lab questions). The judge disagreed on
-  6 of the 17 lab types it labelled; the codes decide. Everything else is left to the judge (``None``).
-- the blinded language-model judge over the concept and up to three example memories (next step of issue 16),
-  stored with the judge, its prompt version and the date. The two sources are compared where both label a type.
+  Nor is a coded laboratory result (a MIMIC-IV ``d_labitems`` item, valued or not, or a LOINC observation
+  that is not a vital sign, with a value). A lab series is read as a trend: its nadir and peak, the value at a
+  past time and the value before the latest are what clinicians ask of it (a baseline creatinine, the lowest
+  haemoglobin), and deleting one from the middle of a series changes those answers (measured on MIMIC-QA: the
+  first gate, which left labs to the judge and the head, cost 7 of 150 answers, all of them lab questions). The
+  judge called 6 of the 17 lab types it labelled safe; the codes decide. Everything else is left to the judge
+  (``None``).
+- the blinded language-model judge over the concept and up to three example memories (:mod:`.judge`), stored
+  with the judge, its prompt version and the date (or a reviewer's labels, added to the label file by hand).
+  The two sources are compared where both label a type.
 """
 
 from __future__ import annotations

@@ -34,8 +34,22 @@ def run(tmp_path_factory: Any, embedder: Any) -> tuple[dict[str, Any], list[Any]
         pytest.skip(str(exc))
     questions = [next(q for q in build_questions(MIMIC, subjects=[PATIENT]) if q.qtype == t) for t in QTYPES]
     report = evaluate_qa(MIMIC, questions, workdir=Path(tmp_path_factory.mktemp("eval-qa")), embedder=embedder,
-                         budget=800, reader=reader, match="flat-rag", keep_rows=True)
+                         budget=800, reader=reader, match="flat-rag", keep_rows=True,
+                         deletion_gate=_delete_every_candidate(embedder.model_name, embedder.dim))
     return report, questions, reader
+
+
+def _delete_every_candidate(encoder: str, dim: int) -> Any:
+    """Not a calibrated gate: a head that scores every memory ~1, so the sweep deletes every candidate and only the
+    keep rules hold memories back (the worst a gate could do)."""
+    import numpy as np
+
+    from stam.deletion.gate import Gate, GateSpec
+    from stam.deletion.scorer import Head
+
+    return Gate(Head(np.zeros(dim, dtype=np.float32), 20.0, encoder, "test"),
+                GateSpec(tau=0.5, alpha=1.0, criterion="strict", encoder=encoder, calibration_id="test-every",
+                         created="2026-11-26T00:00:00+00:00", calibration_types=0))
 
 
 def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[str, Any], list[Any], Any]) -> None:
@@ -43,7 +57,8 @@ def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[
 
     report, questions, reader = run
     assert report["reader"] == "qwen2.5-coder-0.5b-instruct-q4_k_m"
-    systems = {"stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context", "stam@flat-rag"}
+    systems = {"stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context", "stam@flat-rag",
+               "stam+deletion"}
     assert set(report["systems"]) == systems
     best = 0.0
     for name in systems:
@@ -74,3 +89,19 @@ def test_context_matching_runs_stam_at_the_comparators_median(run: tuple[dict[st
     assert all(r["tokens"] <= m["target_tokens"] for r in report["rows"]["stam@flat-rag"])
     # the full-context budget is honoured and the oldest entries are what it drops
     assert all(r["tokens"] <= 800 for r in report["rows"]["full-context"])
+
+
+def test_deletion_keeps_what_the_questions_and_the_record_need(run: tuple[dict[str, Any], list[Any], Any]) -> None:
+    """Every candidate deleted (lab results are held by their codes, the value before the current one and a
+    thread's start by rule): the questions about this patient's lab series keep their evidence and nothing the
+    rows say was replaced is served as current."""
+    report, questions, _ = run
+    d = report["deletion"]
+    assert d["gate"]["calibration_id"] == "test-every" and d["skipped"] == 0
+    assert 0 < d["deleted"] == d["ordered"] == d["candidates"] < d["history_before"]
+    assert "mimic-d-labitems" not in d["deleted_by_code_system"] and d["kept_by_rule"]["coded-never-forget"] > 0
+    assert sum(d["deleted_by_code_system"].values()) == d["deleted"]
+    assert [r["question_id"] for r in report["rows"]["stam+deletion"]] == [q.question_id for q in questions]
+    assert report["systems"]["stam+deletion"]["evidence_recall"] == report["systems"]["stam"]["evidence_recall"]
+    assert report["stale_current_items"]["stam+deletion"] == 0
+    assert {"mcnemar_all_evidence", "bootstrap_recall"} <= set(report["paired_vs_stam"]["stam+deletion"])
