@@ -291,10 +291,17 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     if deletion is not None:
         report["deletion"] = deletion
     if reader is not None and hasattr(reader, "usage"):
-        report["reader_usage"] = dict(reader.usage)
+        report["reader_usage"] = usage_of(reader)
     if keep_rows:
         report["rows"] = {s: [{k: v for k, v in r.items() if k != "context"} for r in rows[s]] for s in systems}
     return report
+
+
+def usage_of(reader: Any) -> dict[str, Any]:
+    """A reader's token accounting as a dict: the in-process reader keeps a dict, the endpoint reader
+    (``--reader-url``) the client's :class:`stam.llm.client.Usage`."""
+    usage = reader.usage
+    return usage.as_dict() if hasattr(usage, "as_dict") else dict(usage)
 
 
 def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def _delete_every_candidate(encoder: str, dim: int) -> Any:
     from stam.deletion.scorer import Head
 
     return Gate(Head(np.zeros(dim, dtype=np.float32), 20.0, encoder, "test"),
-                GateSpec(tau=0.5, alpha=1.0, criterion="strict", encoder=encoder, calibration_id="test-every",
+                GateSpec(tau=0.5, alpha=0.5, criterion="strict", encoder=encoder, calibration_id="test-every",
                          created="2026-11-26T00:00:00+00:00", calibration_types=0))
 
 

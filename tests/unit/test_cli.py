@@ -103,3 +103,20 @@ def test_python_dash_m_stam_cli() -> None:
     res = subprocess.run([sys.executable, "-m", "stam.cli", "eval", "qa", "--help"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout.startswith("usage: stam eval qa "), res.stderr
+
+
+def test_eval_reports_the_usage_of_either_reader() -> None:
+    """`stam eval qa --reader-url` reports the endpoint client's token accounting (a `Usage`), the in-process
+    reader its dict; both as a dict in the report."""
+    from stam.eval.qa_run import usage_of
+    from stam.llm.client import ChatResult
+    from stam.read.reader import OpenAIReader
+
+    reader = OpenAIReader("http://127.0.0.1:9/v1", "m")
+    reader.client.usage.add(ChatResult(content="4", prompt_tokens=10, completion_tokens=2, seconds=0.5, attempts=1))
+    assert usage_of(reader) == {"calls": 1, "prompt_tokens": 10, "completion_tokens": 2, "seconds": 0.5}
+
+    class Local:
+        usage = {"calls": 2, "prompt_tokens": 3, "completion_tokens": 4}
+
+    assert usage_of(Local()) == {"calls": 2, "prompt_tokens": 3, "completion_tokens": 4}
