@@ -79,12 +79,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return emit_report(report, args.out)
     classes = {x.endurance.protected for x in labels if x.concept_type in types}
     if len(classes) < 2:
-        have = "no" if not classes else ("only protected" if True in classes else "only safe-to-forget")
+        have = "no" if not classes else ("only protected" if classes == {True} else "only safe-to-forget")
         print(f"stam deletion calibrate: the labels hold {have} candidate types; the head needs both safe and "
               f"protected ones (label more types: --judge-url, or add labels to --labels)", file=sys.stderr)
         return 2
     alpha, *others = args.alpha
-    run_report, gates = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name,
+    embedded: dict[tuple[str, ...], Any] = {}
+
+    def embed(texts: list[str]) -> Any:  # every alpha's run embeds the same memories: once is enough
+        key = tuple(texts)
+        if key not in embedded:
+            embedded[key] = embedder.embed(texts)
+        return embedded[key]
+
+    run_report, gates = calibration_run(types, labels, embed, encoder=embedder.model_name,
                                         alpha=alpha, seed=args.seed, rounds=args.rounds)
     report |= run_report
     report["guarantee"] = GUARANTEE
@@ -92,7 +100,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if others:  # the same head and split, the threshold at other risk levels: diagnostics beside the gate's
         report["other_alphas"] = {}
         for a in others:
-            more, written[a] = calibration_run(types, labels, embedder.embed, encoder=embedder.model_name, alpha=a,
+            more, written[a] = calibration_run(types, labels, embed, encoder=embedder.model_name, alpha=a,
                                                seed=args.seed, rounds=args.rounds)
             report["other_alphas"][str(a)] = {k: more[k] for k in ("tau", "calibration_id", "calibration_split",
                                                                    "held_out", "store", "resplit")}
