@@ -55,7 +55,7 @@ from stam.config import Settings
 
 log = logging.getLogger("stam.erase")
 
-STATE_PARTS = ("ver", "graph", "mem", "tl", "src")
+STATE_PARTS = ("ver", "graph", "glog", "mem", "tl", "src")
 REDACTED = b"[erased]"
 TEXT_SUFFIXES = (".jsonl", ".ndjson")
 LOG_SUFFIXES = (".log",)

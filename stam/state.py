@@ -1,37 +1,94 @@
 """The memory state of one patient: ACTIVE and HISTORY memories and the typed relation graph.
 
-The graph is an igraph ``Graph`` whose vertices are memories (named by memory id) and whose edges carry
-the relation type and weight. Undirected relation types are stored once with ``directed=False``; igraph
-holds everything in one directed graph and neighbour queries look both ways.
+The graph's vertices are memories (named by memory id) and its edges carry the relation type and weight;
+undirected relation types are stored once, and neighbour queries look both ways. It is kept as adjacency
+lists so that adding a memory or a relation costs the same on a patient with ten memories as on one with
+twenty thousand (an igraph ``Graph`` re-indexes itself on every added vertex or edge: milliseconds at 20k).
+:attr:`PatientState.graph` gives it as an igraph ``Graph`` (built on demand), and the stored form is the
+igraph snapshot (:meth:`graph_snapshot`) plus a log of the changes made since (:attr:`graph_ops`), which the
+state store appends per commit and folds into a new snapshot when the log outgrows it.
 
 Invariants kept here:
 - a relation is never added to a memory in HISTORY (relations that existed survive the transition);
 - a memory moves ACTIVE -> HISTORY only through :meth:`archive`, which records reason and successor.
+
+A working copy (:meth:`copy`) shares the graph and the indexes with its original (persistent maps: a change
+makes a new version and leaves the old one whole), so a copy of a large patient's state for one entry costs one
+dictionary copy (the memory records), not a rebuild.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from contextlib import suppress
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import igraph as ig
+import immutables
 import orjson
 
 from schemas import AtomicMemory, Reason, Relation, RelationType, Store, StoredMemory
 
+Edge = tuple[str, str, str, float]
+"""(source memory id, target memory id, relation type value, weight)."""
 
-@dataclass
+
+class _Lists:
+    """key -> tuple of values, persistent: a copy shares everything with its original and costs nothing, and a
+    change rebuilds only the path to its key (``immutables.Map``, a hash array mapped trie), so a working copy of a
+    patient with twenty thousand memories is as cheap to make (and to drop) as one with ten."""
+
+    __slots__ = ("_m",)
+
+    def __init__(self, m: immutables.Map[str, tuple[Any, ...]] | None = None) -> None:
+        self._m: immutables.Map[str, tuple[Any, ...]] = m if m is not None else immutables.Map()
+
+    def get(self, key: str) -> tuple[Any, ...]:
+        return self._m.get(key, ())
+
+    def add(self, key: str, value: Any) -> None:
+        self._m = self._m.set(key, self._m.get(key, ()) + (value,))
+
+    def remove(self, key: str, value: Any) -> None:
+        found = self._m.get(key)
+        if found is None or value not in found:
+            return
+        rest = tuple(v for v in found if v != value)
+        self._m = self._m.set(key, rest) if rest else self._m.delete(key)
+
+    def pop(self, key: str) -> tuple[Any, ...]:
+        found = self._m.get(key, ())
+        if found:
+            self._m = self._m.delete(key)
+        return found
+
+    def copy(self) -> _Lists:
+        return _Lists(self._m)
+
+
 class PatientState:
-    patient_id: str
-    version: int = 0
-    memories: dict[str, StoredMemory] = field(default_factory=dict)
-    graph: ig.Graph = field(default_factory=lambda: ig.Graph(directed=True))
-    _by_concept: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
-    _by_source: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    def __init__(self, patient_id: str, version: int = 0) -> None:
+        self.patient_id = patient_id
+        self.version = version
+        self.memories: dict[str, StoredMemory] = {}
+        self._vertices: immutables.Map[str, int] = immutables.Map()
+        """Vertex name -> insertion rank (the order of an igraph graph's vertex ids)."""
+        self._rank = 0
+        self._edges: immutables.Map[int, Edge] = immutables.Map()
+        """Edge number (insertion order: the order of an igraph graph's edge ids) -> edge."""
+        self._next_edge = 0
+        self._adj = _Lists()
+        """Vertex name -> numbers of its edges, both directions."""
+        self._by_concept = _Lists()
+        self._active_concept = _Lists()
+        """Concept key -> its ACTIVE memories (usually one: the current value)."""
+        self._by_source = _Lists()
+        self._igraph: ig.Graph | None = None
+        self.graph_ops: list[list[Any]] = []
+        """Graph changes not yet persisted: ``["v", id]`` add a vertex, ``["e", source, target, type, weight]``
+        add an edge, ``["x", id]`` remove a vertex and its edges."""
+        self.graph_log = 0
+        """Changes persisted after the stored snapshot (the state store's log length)."""
 
     # --- reads -------------------------------------------------------------------------------------
 
@@ -42,43 +99,82 @@ class PatientState:
         return (m for m in self.memories.values() if m.store is store)
 
     def by_concept(self, concept_key: str) -> list[StoredMemory]:
-        return [self.memories[i] for i in self._by_concept.get(concept_key, ())]
+        return [self.memories[i] for i in self._by_concept.get(concept_key)]
 
-    def by_source(self, source_ref: str) -> list[StoredMemory]:
-        return [self.memories[i] for i in self._by_source.get(source_ref, ())]
+    def active_by_concept(self, concept_key: str) -> list[StoredMemory]:
+        """The concept's ACTIVE memories, without looking at its history (a lab test done 2,000 times has one)."""
+        return [self.memories[i] for i in self._active_concept.get(concept_key)]
 
-    def neighbours(self, memory_id: str) -> list[tuple[str, RelationType, float]]:
-        """One hop, both directions: (neighbour id, relation type, weight)."""
-        try:
-            v = self.graph.vs.find(name=memory_id)
-        except ValueError:
-            return []
-        out: list[tuple[str, RelationType, float]] = []
-        names = self.graph.vs["name"]
-        for e in self.graph.es[self.graph.incident(v.index, mode="all")]:
-            other = e.target if e.source == v.index else e.source
-            out.append((names[other], RelationType(e["type"]), float(e["weight"])))
+    def recent_by_concept(self, concept_key: str, history: int) -> list[StoredMemory]:
+        """The concept's ACTIVE memories and its ``history`` HISTORY memories recorded last: a bounded look at a
+        concept however long its history is."""
+        out = self.active_by_concept(concept_key)
+        ids = self._by_concept.get(concept_key)
+        if len(ids) <= len(out) + history:
+            return self.by_concept(concept_key)
+        taken = 0
+        for i in reversed(ids):
+            if taken == history:
+                break
+            s = self.memories[i]
+            if s.store is not Store.ACTIVE:
+                out.append(s)
+                taken += 1
         return out
 
+    def by_source(self, source_ref: str) -> list[StoredMemory]:
+        return [self.memories[i] for i in self._by_source.get(source_ref)]
+
+    def neighbours(self, memory_id: str) -> list[tuple[str, RelationType, float]]:
+        """One hop, both directions: (neighbour id, relation type, weight), in igraph's order (by neighbour)."""
+        out: list[tuple[int, int, str, RelationType, float]] = []
+        for eid in self._adj.get(memory_id):
+            s, t, ty, w = self._edges[eid]
+            other = t if s == memory_id else s
+            out.append((self._vertices[other], eid, other, RelationType(ty), w))
+            if s == t:  # a loop is incident twice, as igraph lists it
+                out.append(out[-1])
+        out.sort(key=lambda x: (x[0], x[1]))
+        return [(o, ty, w) for _, _, o, ty, w in out]
+
     def relations(self) -> list[Relation]:
-        names = self.graph.vs["name"] if self.graph.vcount() else []
-        return [
-            Relation(
-                source_id=names[e.source],
-                target_id=names[e.target],
-                type=RelationType(e["type"]),
-                weight=float(e["weight"]),
-            )
-            for e in self.graph.es
-        ]
+        return [Relation(source_id=s, target_id=t, type=RelationType(ty), weight=float(w))
+                for s, t, ty, w in self._edge_list()]
+
+    def _edge_list(self) -> list[Edge]:
+        """Every edge, in the order they were added."""
+        return [e for _, e in sorted(self._edges.items())]
+
+    def _vertex_list(self) -> list[str]:
+        """Every vertex name, in the order they were added."""
+        return [n for n, _ in sorted(self._vertices.items(), key=lambda kv: kv[1])]
 
     def counts(self) -> dict[str, int]:
         active = sum(1 for m in self.memories.values() if m.store is Store.ACTIVE)
         return {
             "active": active,
             "history": len(self.memories) - active,
-            "relations": self.graph.ecount(),
+            "relations": len(self._edges),
         }
+
+    def graph_size(self) -> int:
+        """Vertices plus edges."""
+        return len(self._vertices) + len(self._edges)
+
+    @property
+    def graph(self) -> ig.Graph:
+        """The relation graph as an igraph ``Graph`` (vertex ``name``, edge ``type`` and ``weight``), built on
+        demand and kept until the graph changes. Read-only: change the state through its methods."""
+        if self._igraph is None:
+            names = self._vertex_list()
+            index = {n: i for i, n in enumerate(names)}
+            g = ig.Graph(directed=True)
+            g.add_vertices(len(names), attributes={"name": names})
+            edges = self._edge_list()
+            g.add_edges([(index[s], index[t]) for s, t, _, _ in edges],
+                        attributes={"type": [e[2] for e in edges], "weight": [e[3] for e in edges]})
+            self._igraph = g
+        return self._igraph
 
     # --- writes ------------------------------------------------------------------------------------
 
@@ -92,7 +188,8 @@ class PatientState:
             archived_at=at if store is Store.HISTORY else None,
         )
         self._index(stored)
-        self.graph.add_vertex(name=memory.memory_id)
+        self._add_vertex(memory.memory_id)
+        self.graph_ops.append(["v", memory.memory_id])
         return stored
 
     def archive(self, memory_id: str, *, reason: Reason, successor_id: str | None,
@@ -105,6 +202,8 @@ class PatientState:
             "evidence_id": evidence_id, "archived_by_entry": entry_id, "archived_at": at,
         })
         self.memories[memory_id] = moved
+        if current.memory.concept_key:
+            self._active_concept.remove(current.memory.concept_key, memory_id)
         return moved
 
     def delete(self, memory_id: str, *, any_store: bool = False) -> list[StoredMemory]:
@@ -117,13 +216,13 @@ class PatientState:
             raise ValueError(f"memory {memory_id} is not in HISTORY")
         del self.memories[memory_id]
         mem = gone.memory
-        for index, key in ((self._by_concept, mem.concept_key), (self._by_source, mem.source_ref)):
-            if key and memory_id in index.get(key, ()):
-                index[key].remove(memory_id)
-                if not index[key]:
-                    del index[key]
-        with suppress(ValueError):  # a memory without a vertex has no relations
-            self.graph.delete_vertices(self.graph.vs.find(name=memory_id).index)
+        if mem.concept_key:
+            self._by_concept.remove(mem.concept_key, memory_id)
+            self._active_concept.remove(mem.concept_key, memory_id)
+        if mem.source_ref:
+            self._by_source.remove(mem.source_ref, memory_id)
+        if self._remove_vertex(memory_id):
+            self.graph_ops.append(["x", memory_id])
         relinked = [s.model_copy(update={"successor_id": gone.successor_id})
                     for s in self.memories.values() if s.successor_id == memory_id]
         for s in relinked:
@@ -136,64 +235,124 @@ class PatientState:
             stored = self.memories.get(end)
             if stored is None or stored.store is Store.HISTORY:
                 return False
-        src = self.graph.vs.find(name=relation.source_id).index
-        dst = self.graph.vs.find(name=relation.target_id).index
-        for e in self.graph.es[self.graph.incident(src, mode="all")]:
-            if e["type"] == relation.type.value and {e.source, e.target} == {src, dst}:
+        ends = {relation.source_id, relation.target_id}
+        for eid in self._adj.get(relation.source_id):
+            s, t, ty, _ = self._edges[eid]
+            if ty == relation.type.value and {s, t} == ends:
                 return False
-        self.graph.add_edge(src, dst, type=relation.type.value, weight=relation.weight)
+        self.restore_relation(relation)
         return True
 
     def restore_relation(self, relation: Relation) -> None:
         """Put back a relation recorded in the transition log (it was valid when it was made)."""
-        src = self.graph.vs.find(name=relation.source_id).index
-        dst = self.graph.vs.find(name=relation.target_id).index
-        self.graph.add_edge(src, dst, type=relation.type.value, weight=relation.weight)
+        for end in (relation.source_id, relation.target_id):
+            if end not in self._vertices:
+                raise ValueError(f"no vertex {end!r}")
+        self._add_edge(relation.source_id, relation.target_id, relation.type.value, relation.weight)
+        self.graph_ops.append(["e", relation.source_id, relation.target_id, relation.type.value, relation.weight])
 
     def _index(self, stored: StoredMemory) -> None:
         mem = stored.memory
         self.memories[mem.memory_id] = stored
         if mem.concept_key:
-            self._by_concept[mem.concept_key].append(mem.memory_id)
+            self._by_concept.add(mem.concept_key, mem.memory_id)
+            if stored.store is Store.ACTIVE:
+                self._active_concept.add(mem.concept_key, mem.memory_id)
         if mem.source_ref:
-            self._by_source[mem.source_ref].append(mem.memory_id)
+            self._by_source.add(mem.source_ref, mem.memory_id)
+
+    # --- the graph's own bookkeeping (no op recorded) ----------------------------------------------------
+
+    def _add_vertex(self, name: str) -> None:
+        if name not in self._vertices:
+            self._vertices = self._vertices.set(name, self._rank)
+            self._rank += 1
+            self._igraph = None
+
+    def _add_edge(self, source: str, target: str, rtype: str, weight: float) -> None:
+        eid = self._next_edge
+        self._next_edge += 1
+        self._edges = self._edges.set(eid, (source, target, rtype, float(weight)))
+        self._adj.add(source, eid)
+        if target != source:
+            self._adj.add(target, eid)
+        self._igraph = None
+
+    def _remove_vertex(self, name: str) -> bool:
+        if name not in self._vertices:
+            return False
+        self._vertices = self._vertices.delete(name)
+        for eid in self._adj.pop(name):
+            s, t, _, _ = self._edges[eid]
+            self._edges = self._edges.delete(eid)
+            other = t if s == name else s
+            if other != name:
+                self._adj.remove(other, eid)
+        self._igraph = None
+        return True
+
+    def _apply_op(self, op: list[Any]) -> None:
+        if op[0] == "v":
+            self._add_vertex(op[1])
+        elif op[0] == "e":
+            self._add_edge(op[1], op[2], op[3], op[4])
+        elif op[0] == "x":
+            self._remove_vertex(op[1])
+        else:
+            raise ValueError(f"unknown graph change {op[0]!r}")
 
     def copy(self) -> PatientState:
-        """An independent copy to change and commit; the original (a cached snapshot) stays untouched."""
-        return PatientState(
-            patient_id=self.patient_id, version=self.version, memories=dict(self.memories),
-            graph=self.graph.copy(),
-            _by_concept=defaultdict(list, {k: list(v) for k, v in self._by_concept.items()}),
-            _by_source=defaultdict(list, {k: list(v) for k, v in self._by_source.items()}),
-        )
+        """An independent copy to change and commit; the original (a cached snapshot) stays untouched. Its
+        unpersisted graph changes start empty: the copy records what happens to it."""
+        c = PatientState.__new__(PatientState)
+        c.patient_id, c.version = self.patient_id, self.version
+        c.memories = dict(self.memories)
+        c._vertices, c._rank = self._vertices, self._rank  # persistent maps: shared, never changed in place
+        c._edges, c._next_edge = self._edges, self._next_edge
+        c._adj, c._by_concept, c._by_source = self._adj.copy(), self._by_concept.copy(), self._by_source.copy()
+        c._active_concept = self._active_concept.copy()
+        c._igraph = self._igraph  # igraph graphs are not changed in place here; a change drops it
+        c.graph_ops, c.graph_log = [], self.graph_log
+        return c
+
+    def persisted(self, log_length: int) -> None:
+        """The state store wrote :attr:`graph_ops`; its log after the snapshot now holds ``log_length`` changes."""
+        self.graph_ops = []
+        self.graph_log = log_length
 
     # --- snapshot ----------------------------------------------------------------------------------
 
     def graph_snapshot(self) -> bytes:
-        """Compact JSON of the igraph graph: vertex names and (source, target, type, weight) edges."""
-        g = self.graph
+        """Compact JSON of the graph in igraph's terms: vertex names and (source, target, type, weight) edges,
+        ends as vertex ids."""
+        names = self._vertex_list()
+        index = {n: i for i, n in enumerate(names)}
         return orjson.dumps({
             "version": self.version,
-            "vertices": g.vs["name"] if g.vcount() else [],
-            # Bulk attribute reads: iterating g.es builds one Python Edge object per edge (slow on large graphs).
-            "edges": [[s, t, ty, w] for (s, t), ty, w in zip(g.get_edgelist(), g.es["type"], g.es["weight"],
-                                                              strict=True)] if g.ecount() else [],
+            "vertices": names,
+            "edges": [[index[s], index[t], ty, w] for s, t, ty, w in self._edge_list()],
         })
 
     @classmethod
     def restore(cls, patient_id: str, version: int, graph_blob: bytes | None,
-                memories: Iterable[bytes]) -> PatientState:
+                memories: Iterable[bytes], graph_log: Iterable[bytes] = ()) -> PatientState:
+        """A state from its stored form: memory records, the graph snapshot and the changes logged after it
+        (``graph_log``). Without a snapshot or log, every memory is a vertex without relations."""
         state = cls(patient_id=patient_id, version=version)
         for raw in memories:
             state._index(StoredMemory.model_validate_json(raw))
+        log = list(graph_log)
         if graph_blob:
             snap: dict[str, Any] = orjson.loads(graph_blob)
-            g = ig.Graph(directed=True)
-            g.add_vertices(len(snap["vertices"]), attributes={"name": snap["vertices"]})
-            edges = snap["edges"]
-            g.add_edges([(s, t) for s, t, _, _ in edges],
-                        attributes={"type": [e[2] for e in edges], "weight": [e[3] for e in edges]})
-            state.graph = g
-        else:
-            state.graph.add_vertices(list(state.memories))
+            names: list[str] = snap["vertices"]
+            for n in names:
+                state._add_vertex(n)
+            for s, t, ty, w in snap["edges"]:
+                state._add_edge(names[s], names[t], ty, w)
+        elif not log:
+            for n in state.memories:
+                state._add_vertex(n)
+        for raw in log:
+            state._apply_op(orjson.loads(raw))
+        state.graph_log = len(log)
         return state

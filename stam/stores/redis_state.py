@@ -4,6 +4,10 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
 
 - ``<prefix>:{<patient>}:ver``     integer version, incremented by every applied entry
 - ``<prefix>:{<patient>}:graph``   igraph snapshot (JSON: vertex names, typed weighted edges)
+- ``<prefix>:{<patient>}:glog``    list of the graph changes made after that snapshot (JSON each: add a vertex,
+                                    add an edge, remove a vertex); a commit appends its changes, and folds the
+                                    log into a new snapshot when the log is longer than the graph
+                                    (:data:`COMPACT_MIN`), so a commit's cost does not grow with the patient
 - ``<prefix>:{<patient>}:mem``     hash memory_id -> StoredMemory JSON
 - ``<prefix>:{<patient>}:src``     hash entry_id -> entry text, for entries that carry text (source spans
                                     at read time; not in the transition log, so a rebuild does not restore it)
@@ -42,6 +46,7 @@ from threading import Lock
 from typing import Any
 from urllib.parse import quote, unquote
 
+import orjson
 import redis
 
 from schemas import StoredMemory
@@ -56,6 +61,11 @@ from stam.stores.redis_cache import as_bytes
 log = logging.getLogger("stam.stores")
 
 _SAFE = "-._~/@+="
+
+COMPACT_MIN = 1024
+"""A patient's graph log is folded into its snapshot once it holds this many changes and more than the graph
+has vertices and edges: writing the snapshot (linear in the graph) then happens once per as many changes, so
+its cost per change stays bounded, and a load reads at most about twice the graph."""
 
 
 def key_part(value: str) -> str:
@@ -149,8 +159,9 @@ class RedisStateStore(StateStore):
         pipe.get(self._key(patient_id, "ver"))
         pipe.get(self._key(patient_id, "graph"))
         pipe.hvals(self._key(patient_id, "mem"))
-        ver, graph, mems = pipe.execute()
-        state = PatientState.restore(patient_id, int(ver or 0), graph, mems)
+        pipe.lrange(self._key(patient_id, "glog"), 0, -1)
+        ver, graph, mems, glog = pipe.execute()
+        state = PatientState.restore(patient_id, int(ver or 0), graph, mems, glog)
         self._remember(state)
         return state
 
@@ -171,10 +182,11 @@ class RedisStateStore(StateStore):
                         raise ConcurrentUpdate(
                             f"state version moved from {c.expected_version} to {int(current or 0)}")
                 pipe.multi()
+                logged: list[int] = []
                 for c in commits:
                     pid = c.patient_id
                     pipe.set(self._key(pid, "ver"), c.state.version)
-                    pipe.set(self._key(pid, "graph"), c.state.graph_snapshot())
+                    logged.append(self._graph_changes(pipe, c.state))
                     if c.changed:
                         pipe.hset(self._key(pid, "mem"), mapping={
                             s.memory.memory_id: s.model_dump_json() for s in c.changed})
@@ -197,6 +209,8 @@ class RedisStateStore(StateStore):
                 pipe.mget(mark_keys)
                 *_, (new_epoch, new_wseq) = pipe.execute()
                 self._seen = (new_epoch.decode() if isinstance(new_epoch, bytes) else new_epoch, int(new_wseq))
+                for c, length in zip(commits, logged, strict=True):
+                    c.state.persisted(length)
             except (redis.WatchError, ConcurrentUpdate) as exc:
                 for c in commits:
                     self._forget(c.patient_id)
@@ -205,6 +219,22 @@ class RedisStateStore(StateStore):
                 raise ConcurrentUpdate("state changed during commit") from exc
         for c in commits:
             self._remember(c.state)
+
+    def _graph_changes(self, pipe: Any, state: PatientState) -> int:
+        """Queue the state's unpersisted graph changes on ``pipe``: appended to the log, or the log folded into a
+        new snapshot when it has grown past the graph. Returns the log's length after the commit."""
+        ops = state.graph_ops
+        if not ops:
+            return state.graph_log
+        length = state.graph_log + len(ops)
+        if length >= COMPACT_MIN and length > state.graph_size():
+            pipe.set(self._key(state.patient_id, "graph"), state.graph_snapshot())
+            pipe.delete(self._key(state.patient_id, "glog"))
+            return 0
+        if state.graph_log == 0:  # a log that does not start right after this snapshot must not survive
+            pipe.delete(self._key(state.patient_id, "glog"))
+        pipe.rpush(self._key(state.patient_id, "glog"), *(orjson.dumps(op) for op in ops))
+        return length
 
     def _forget(self, patient_id: str) -> None:
         with self._lock:

@@ -312,9 +312,9 @@ def test_erase_patient_deletes_only_that_patients_keys(redis_store: Any) -> None
         _commit(store, pid, "e1")
     own = store._key("[a-z]*", "").encode()
     before = {k for k in client.keys("*") if not k.startswith(own)}
-    assert len(before) >= 4 * len(others)
+    assert len(before) >= 3 * len(others)
     removed = store.erase_patient("[a-z]*")
-    assert removed >= 4  # ver, graph, src, outbox
+    assert removed >= 3  # ver, src, outbox (a state without memories has no graph to store)
     after = set(client.keys("*"))
     assert before - after == set()  # nobody else lost a key
     assert store.version("[a-z]*") == 0 and "[a-z]*" not in store.patients()
