@@ -2,8 +2,8 @@
 
 Milvus stays the store of the vectors. Impact retrieval runs once per entry on the write path, and a
 filtered Milvus Lite search costs tens of milliseconds (hundreds before segments are sealed), which caps
-a worker far below the throughput goal. The projection holds the patient's ACTIVE and HISTORY vectors as
-one matrix and answers the same exact cosine top-k a FLAT Milvus index gives.
+a worker far below the throughput goal. The projection holds the patient's ACTIVE and HISTORY vectors, each
+distinct vector once, and answers the same exact cosine top-k a FLAT Milvus index gives.
 
 It is a :class:`VectorStore` decorator: it wraps the backing store (Milvus), passes every call through, and
 answers :meth:`~VectorStore.nearest` (impact retrieval) from memory. The write path sees one ``VectorStore``;
@@ -29,28 +29,60 @@ from stam.stores.base import Hit, VectorRow, VectorStore
 
 @dataclass
 class _Patient:
+    """One patient's vectors, each distinct vector once.
+
+    Memories of one coded concept share one vector (they embed the concept's name), so a patient with 18,000
+    lab values has a few hundred distinct vectors: a search scores the distinct vectors and expands the best
+    ones into their memories, and its cost follows the patient's vocabulary, not the length of the record.
+    Rows are appended into a matrix grown by doubling, so a commit does not copy the patient's vectors."""
+
     version: int
     ids: list[str] = field(default_factory=list)
     stores: list[Store] = field(default_factory=list)
-    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     index: dict[str, int] = field(default_factory=dict)
+    """Memory id -> position in ``ids``."""
+    group: list[int] = field(default_factory=list)
+    """Position -> row of its vector in ``matrix``."""
+    members: list[list[int]] = field(default_factory=list)
+    """Row -> positions of the memories with that vector, in the order they came."""
+    rows: dict[bytes, int] = field(default_factory=dict)
+    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    used: int = 0
+    """Rows of ``matrix`` in use (the rest is room to grow)."""
+
+    def _row(self, vec: np.ndarray) -> int:
+        key = vec.tobytes()
+        row = self.rows.get(key)
+        if row is not None:
+            return row
+        if self.used == len(self.matrix):
+            grown = np.zeros((max(16, 2 * len(self.matrix)), vec.shape[0]), dtype=np.float32)
+            if self.used:
+                grown[: self.used] = self.matrix[: self.used]
+            self.matrix = grown
+        row = self.rows[key] = self.used
+        self.matrix[row] = vec
+        self.members.append([])
+        self.used += 1
+        return row
 
     def put(self, rows: Sequence[VectorRow]) -> None:
-        fresh: list[np.ndarray] = []
-        for row in rows:
-            vec = row.vector / (np.linalg.norm(row.vector) or 1.0)
-            pos = self.index.get(row.memory_id)
+        for r in rows:
+            vec = (r.vector / (np.linalg.norm(r.vector) or 1.0)).astype(np.float32)
+            row = self._row(vec)
+            pos = self.index.get(r.memory_id)
             if pos is not None:
-                self.stores[pos] = row.store
-                self.matrix[pos] = vec
+                self.stores[pos] = r.store
+                if self.group[pos] != row:  # the memory's vector changed: it moves to its new row
+                    self.members[self.group[pos]].remove(pos)
+                    self.members[row].append(pos)
+                    self.group[pos] = row
                 continue
-            self.index[row.memory_id] = len(self.ids)
-            self.ids.append(row.memory_id)
-            self.stores.append(row.store)
-            fresh.append(vec)
-        if fresh:
-            block = np.vstack(fresh).astype(np.float32)
-            self.matrix = block if self.matrix.size == 0 else np.vstack([self.matrix, block])
+            pos = self.index[r.memory_id] = len(self.ids)
+            self.ids.append(r.memory_id)
+            self.stores.append(r.store)
+            self.group.append(row)
+            self.members[row].append(pos)
 
 
 class VectorProjection(VectorStore):
@@ -110,20 +142,30 @@ class VectorProjection(VectorStore):
 
     def nearest(self, patient_id: str, version: int, vectors: np.ndarray, limit: int,
                 exclude: Iterable[str] = ()) -> list[list[Hit]]:
-        """Exact cosine top-``limit`` over ACTIVE and HISTORY together, as a FLAT Milvus index gives."""
+        """Exact cosine top-``limit`` over ACTIVE and HISTORY together, as a FLAT Milvus index gives (memories
+        with the same score in the order they came)."""
         p = self._get(patient_id, version)
-        if not p.ids or len(vectors) == 0:
+        if not p.ids or len(vectors) == 0 or limit <= 0:
             return [[] for _ in range(len(vectors))]
         skip = set(exclude)
         q = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
-        scores = q.astype(np.float32) @ p.matrix.T
+        scores = q.astype(np.float32) @ p.matrix[: p.used].T
+        # Every row holds at least one memory, so the best limit + |skip| rows hold enough hits.
+        want = min(limit + len(skip), p.used)
         out: list[list[Hit]] = []
-        want = min(limit + len(skip), len(p.ids))
         for row in scores:
             top = np.argpartition(-row, want - 1)[:want] if want < len(row) else np.arange(len(row))
-            top = top[np.argsort(-row[top], kind="stable")]
-            hits = [Hit(p.ids[i], p.stores[i], float(row[i])) for i in top if p.ids[i] not in skip]
-            out.append(hits[:limit])
+            hits: list[Hit] = []
+            for u in top[np.argsort(-row[top], kind="stable")]:
+                score = float(row[u])
+                for pos in p.members[u]:
+                    if p.ids[pos] not in skip:
+                        hits.append(Hit(p.ids[pos], p.stores[pos], score))
+                        if len(hits) == limit:
+                            break
+                if len(hits) >= limit:
+                    break
+            out.append(hits)
         return out
 
     def committed(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
