@@ -83,6 +83,10 @@ class StageParams:
     """ACTIVE neighbours a model memory's graph hop starts from when it has no relation yet."""
     graph_seed_min: float = 0.5
     """Least cosine for such a neighbour."""
+    code_history: int = 16
+    """HISTORY memories of the same concept the code channel brings, the last recorded (with every ACTIVE one):
+    a lab test done 2,000 times would otherwise bring 2,000 candidates to every new value, and the cost of an entry
+    would grow with the record. Older values of the concept remain reachable through the semantic channel."""
     impact_channels: frozenset[Channel] = frozenset(Channel)
     """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
     commit_retries: int = 5
@@ -237,7 +241,7 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
         for h in hits if Channel.SEMANTIC in channels else ():
             note(h.memory_id, Channel.SEMANTIC, h.score)
         if m.concept_key and Channel.CODE in channels:
-            for s in state.by_concept(m.concept_key):
+            for s in state.recent_by_concept(m.concept_key, deps.params.code_history):
                 note(s.memory.memory_id, Channel.CODE, 1.0)
         for ref in ([m.source_ref] if m.source_ref and Channel.CODE in channels else []) + explicit:
             for s in state.by_source(ref):

@@ -201,9 +201,8 @@ class CodedReasoner:
 
         for m in memories:
             if m.concept_key:
-                for other in state.by_concept(m.concept_key):
-                    if other.store is Store.ACTIVE:
-                        add(m.memory_id, other.memory.memory_id, RelationType.RESTATEMENT)
+                for other in state.active_by_concept(m.concept_key):
+                    add(m.memory_id, other.memory.memory_id, RelationType.RESTATEMENT)
             for ref in entry.references:
                 rtype, weight = self._relation_for(ref.role, m.category)
                 if rtype is None:
@@ -229,7 +228,7 @@ class CodedReasoner:
     def _resolve(target: str, state: PatientState) -> list[str]:
         """ACTIVE memories a reference points at: by source resource, or ``concept:<system>|<code>``."""
         if target.startswith("concept:"):
-            found = state.by_concept(target.removeprefix("concept:"))
+            found = state.active_by_concept(target.removeprefix("concept:"))
         else:
             found = state.by_source(target)
         return [s.memory.memory_id for s in found if s.store is Store.ACTIVE]
