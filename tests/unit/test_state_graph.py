@@ -1,5 +1,7 @@
 from datetime import UTC, datetime
 
+import orjson
+
 from schemas import AtomicMemory, Category, Reason, Relation, RelationType, Store
 from stam.state import PatientState
 
@@ -76,3 +78,117 @@ def test_deleting_a_history_memory_drops_its_vertex_relations_and_relinks_its_ch
     restored = PatientState.restore("p", 1, s.graph_snapshot(),
                                     [v.model_dump_json().encode() for v in s.memories.values()])
     assert restored.relations() == s.relations()
+
+
+def _random_state(seed: int, n: int = 60) -> PatientState:
+    """A state built by random adds, relations, archives and deletions (every kind of graph change)."""
+    import random
+
+    rng = random.Random(seed)
+    s = PatientState("p")
+    at = datetime(2020, 1, 1, tzinfo=UTC)
+    for i in range(n):
+        s.add(mem(i), Store.ACTIVE)
+        for _ in range(rng.randrange(3)):
+            j = rng.randrange(i + 1)
+            s.relate(Relation(source_id=f"m{i}", target_id=f"m{j}", type=rng.choice(list(RelationType)),
+                              weight=round(rng.random(), 3)))
+        if i and rng.random() < 0.4:
+            j = rng.randrange(i)
+            if s.get(f"m{j}") is not None and s.get(f"m{j}").store is Store.ACTIVE:  # type: ignore[union-attr]
+                s.archive(f"m{j}", reason=Reason.SUPERSEDED, successor_id=f"m{i}", evidence_id=f"m{i}",
+                          entry_id=f"e{i}", at=at)
+        if i > 5 and rng.random() < 0.1:
+            history = [m for m, v in s.memories.items() if v.store is Store.HISTORY]
+            if history:
+                s.delete(rng.choice(history))
+    return s
+
+
+def _igraph_view(s: PatientState) -> tuple[list[str], list[tuple[str, str, str, float]]]:
+    g = s.graph
+    names = g.vs["name"]
+    return names, [(names[e.source], names[e.target], e["type"], e["weight"]) for e in g.es]
+
+
+def test_snapshot_plus_change_log_restores_the_same_graph_as_a_full_snapshot() -> None:
+    """The state store keeps a snapshot and a log of later changes; any split of the changes into the two
+    restores the graph a full snapshot does: vertices, edges, their order, and every neighbourhood."""
+    for seed in range(5):
+        s = _random_state(seed)
+        ops = list(s.graph_ops)
+        records = [v.model_dump_json().encode() for v in s.memories.values()]
+        full = PatientState.restore("p", 1, s.graph_snapshot(), records)
+        assert _igraph_view(full) == _igraph_view(s)
+        for cut in (0, len(ops) // 3, len(ops) - 1):
+            head = PatientState("p")
+            for op in ops[:cut]:
+                head._apply_op(op)
+            logged = [orjson.dumps(op) for op in ops[cut:]]
+            again = PatientState.restore("p", 1, head.graph_snapshot() if cut else None, records, logged)
+            assert _igraph_view(again) == _igraph_view(s)
+            assert again.relations() == s.relations() and again.graph_log == len(logged)
+            for m in s.memories:
+                assert again.neighbours(m) == s.neighbours(m)
+
+
+def test_neighbours_match_igraph_and_a_copy_leaves_its_original_alone() -> None:
+    s = _random_state(7)
+    g = s.graph
+    names = g.vs["name"]
+    for v in g.vs:
+        want = [(names[e.target if e.source == v.index else e.source], RelationType(e["type"]), e["weight"])
+                for e in g.es[g.incident(v.index, mode="all")]]
+        assert sorted(s.neighbours(v["name"]), key=str) == sorted(want, key=str)
+    before = (_igraph_view(s), s.counts(), [s.neighbours(n) for n in names])
+    c = s.copy()
+    target = next(m for m, v in s.memories.items() if v.store is Store.ACTIVE)
+    for i in range(100, 110):
+        c.add(mem(i), Store.ACTIVE)
+        assert c.relate(Relation(source_id=f"m{i}", target_id=target, type=RelationType.RESTATEMENT))
+    history = [m for m, v in c.memories.items() if v.store is Store.HISTORY]
+    for m in history[:3]:
+        c.delete(m)
+    assert (_igraph_view(s), s.counts(), [s.neighbours(n) for n in names]) == before
+    assert [op[0] for op in c.graph_ops] == ["v", "e"] * 10 + ["x"] * 3
+    assert s.graph.vcount() == len(s.memories) and c.graph.vcount() == len(s.memories) + 7
+
+
+def test_projection_answers_the_exact_top_k_with_shared_vectors() -> None:
+    """Memories of one concept share a vector; the projection stores it once and still answers the exact
+    top-k (scores and members) a scan of every memory's vector gives."""
+    import numpy as np
+
+    from stam.stores.base import VectorRow
+    from stam.stores.projection import VectorProjection
+
+    class Empty:
+        def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
+            return []
+
+    rng = np.random.default_rng(3)
+    concepts = rng.normal(size=(30, 8)).astype(np.float32)
+    proj = VectorProjection(Empty())  # type: ignore[arg-type]
+    proj.nearest("p", 0, concepts[:1], 1)
+    every: list[tuple[str, np.ndarray]] = []
+    version = 0
+    for batch in range(20):
+        rows = []
+        for i in range(25):
+            vec = concepts[rng.integers(30)] if rng.random() < 0.8 else rng.normal(size=8).astype(np.float32)
+            rows.append(VectorRow(f"m{batch}-{i}", vec, Store.ACTIVE if i % 3 else Store.HISTORY))
+            every.append((f"m{batch}-{i}", vec))
+        proj.committed("p", version, version + 1, rows)
+        version += 1
+    matrix = np.stack([v / np.linalg.norm(v) for _, v in every])
+    queries = np.vstack([concepts[:3], rng.normal(size=(3, 8)).astype(np.float32)])
+    skip = {every[0][0], every[5][0]}
+    for q, hits in zip(queries, proj.nearest("p", version, queries, 48, exclude=skip), strict=True):
+        scores = matrix @ (q / np.linalg.norm(q))
+        want = sorted(((float(s), every[i][0]) for i, s in enumerate(scores) if every[i][0] not in skip),
+                      key=lambda x: -x[0])[:48]
+        assert len(hits) == 48
+        assert np.allclose([h.score for h in hits], [w[0] for w in want], atol=1e-5)
+        cut = want[-1][0]  # members tied at the cut may differ; everything above it must be the same
+        assert {h.memory_id for h in hits if h.score > cut + 1e-5} == {w[1] for w in want if w[0] > cut + 1e-5}
+    assert proj._patients.get("p").used < 150  # type: ignore[union-attr]  # 500 memories, 30 concepts + ~100 free
