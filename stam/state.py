@@ -89,6 +89,8 @@ class PatientState:
         add an edge, ``["x", id]`` remove a vertex and its edges."""
         self.graph_log = 0
         """Changes persisted after the stored snapshot (the state store's log length)."""
+        self.graph_base = 0
+        """Vertices plus edges of the stored snapshot (0: none stored)."""
 
     # --- reads -------------------------------------------------------------------------------------
 
@@ -312,13 +314,14 @@ class PatientState:
         c._adj, c._by_concept, c._by_source = self._adj.copy(), self._by_concept.copy(), self._by_source.copy()
         c._active_concept = self._active_concept.copy()
         c._igraph = self._igraph  # igraph graphs are not changed in place here; a change drops it
-        c.graph_ops, c.graph_log = [], self.graph_log
+        c.graph_ops, c.graph_log, c.graph_base = [], self.graph_log, self.graph_base
         return c
 
-    def persisted(self, log_length: int) -> None:
-        """The state store wrote :attr:`graph_ops`; its log after the snapshot now holds ``log_length`` changes."""
+    def persisted(self, log_length: int, base: int) -> None:
+        """The state store wrote :attr:`graph_ops`; its snapshot holds ``base`` vertices and edges, and the log after
+        it ``log_length`` changes."""
         self.graph_ops = []
-        self.graph_log = log_length
+        self.graph_log, self.graph_base = log_length, base
 
     # --- snapshot ----------------------------------------------------------------------------------
 
@@ -349,6 +352,7 @@ class PatientState:
                 state._add_vertex(n)
             for s, t, ty, w in snap["edges"]:
                 state._add_edge(names[s], names[t], ty, w)
+            state.graph_base = len(names) + len(snap["edges"])
         elif not log:
             for n in state.memories:
                 state._add_vertex(n)

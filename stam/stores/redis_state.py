@@ -6,7 +6,7 @@ Keys (the ``{patient}`` hash tag keeps one patient's keys in one Redis Cluster s
 - ``<prefix>:{<patient>}:graph``   igraph snapshot (JSON: vertex names, typed weighted edges)
 - ``<prefix>:{<patient>}:glog``    list of the graph changes made after that snapshot (JSON each: add a vertex,
                                     add an edge, remove a vertex); a commit appends its changes, and folds the
-                                    log into a new snapshot when the log is longer than the graph
+                                    log into a new snapshot when the log is longer than that snapshot
                                     (:data:`COMPACT_MIN`), so a commit's cost does not grow with the patient
 - ``<prefix>:{<patient>}:mem``     hash memory_id -> StoredMemory JSON
 - ``<prefix>:{<patient>}:src``     hash entry_id -> entry text, for entries that carry text (source spans
@@ -63,9 +63,9 @@ log = logging.getLogger("stam.stores")
 _SAFE = "-._~/@+="
 
 COMPACT_MIN = 1024
-"""A patient's graph log is folded into its snapshot once it holds this many changes and more than the graph
-has vertices and edges: writing the snapshot (linear in the graph) then happens once per as many changes, so
-its cost per change stays bounded, and a load reads at most about twice the graph."""
+"""A patient's graph log is folded into a new snapshot once it holds this many changes and more than the stored
+snapshot has vertices and edges: writing a snapshot (linear in the graph) then happens once per as many changes as
+the graph had, so its cost per change stays bounded, and a load reads at most about twice the graph."""
 
 
 def key_part(value: str) -> str:
@@ -182,7 +182,7 @@ class RedisStateStore(StateStore):
                         raise ConcurrentUpdate(
                             f"state version moved from {c.expected_version} to {int(current or 0)}")
                 pipe.multi()
-                logged: list[int] = []
+                logged: list[tuple[int, int]] = []
                 for c in commits:
                     pid = c.patient_id
                     pipe.set(self._key(pid, "ver"), c.state.version)
@@ -209,8 +209,8 @@ class RedisStateStore(StateStore):
                 pipe.mget(mark_keys)
                 *_, (new_epoch, new_wseq) = pipe.execute()
                 self._seen = (new_epoch.decode() if isinstance(new_epoch, bytes) else new_epoch, int(new_wseq))
-                for c, length in zip(commits, logged, strict=True):
-                    c.state.persisted(length)
+                for c, (length, base) in zip(commits, logged, strict=True):
+                    c.state.persisted(length, base)
             except (redis.WatchError, ConcurrentUpdate) as exc:
                 for c in commits:
                     self._forget(c.patient_id)
@@ -220,21 +220,22 @@ class RedisStateStore(StateStore):
         for c in commits:
             self._remember(c.state)
 
-    def _graph_changes(self, pipe: Any, state: PatientState) -> int:
+    def _graph_changes(self, pipe: Any, state: PatientState) -> tuple[int, int]:
         """Queue the state's unpersisted graph changes on ``pipe``: appended to the log, or the log folded into a
-        new snapshot when it has grown past the graph. Returns the log's length after the commit."""
+        new snapshot when it has grown past the stored one. Returns the log's length and the snapshot's size
+        (vertices plus edges) after the commit."""
         ops = state.graph_ops
         if not ops:
-            return state.graph_log
+            return state.graph_log, state.graph_base
         length = state.graph_log + len(ops)
-        if length >= COMPACT_MIN and length > state.graph_size():
+        if length >= COMPACT_MIN and length > state.graph_base:
             pipe.set(self._key(state.patient_id, "graph"), state.graph_snapshot())
             pipe.delete(self._key(state.patient_id, "glog"))
-            return 0
+            return 0, state.graph_size()
         if state.graph_log == 0:  # a log that does not start right after this snapshot must not survive
             pipe.delete(self._key(state.patient_id, "glog"))
         pipe.rpush(self._key(state.patient_id, "glog"), *(orjson.dumps(op) for op in ops))
-        return length
+        return length, state.graph_base
 
     def _forget(self, patient_id: str) -> None:
         with self._lock:
