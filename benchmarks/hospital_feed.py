@@ -1,0 +1,323 @@
+"""Hospital-feed benchmark: the MIMIC-IV demo patients interleaved by clinical time, as a hospital's feed arrives.
+
+Every patient's entries are read with all their tables (``stam.sources.mimic``), each patient's timeline is
+aligned to start at the same moment (de-identification shifts every patient's dates by its own offset, so raw
+MIMIC-IV times hardly overlap; aligned, the 100 patients are in hospital together), and the entries are merged by
+that time, each patient's own order kept. The first ``--entries`` of that feed go through the embedded stack
+(Tansu, Redis, Milvus Lite) and the write-path worker processes, in these runs, each on a fresh stack:
+
+- ``one_worker``: published flat out to one worker;
+- ``two_workers``: the same, two worker processes sharing the consumer groups (the partitions split);
+- ``one_worker_at_rate``: published at a fixed rate (``--rate``; default 80% of what ``one_worker`` reached), to
+  show whether the lag stays bounded below saturation;
+- ``faust_floor``: the four Faust hops doing nothing (``benchmarks.faust_floor``), on the same machine in the same
+  run, with messages of the feed's mean ImpactedEntry size; ``write_path_floor_ratio`` is ``one_worker``'s
+  entries/s over the floor's.
+
+Each worker first applies ``--warmup`` entries of other patients (model load, group join, the concept cache of
+the feed's codes), which are not measured. Per run: entries/s from the first publish to the last entry's first
+transition, the end-to-end latency of each entry (p50/p99), the lag (entries published and not yet applied)
+sampled every second, the stage p50/p99 from the workers' histograms (warm-up subtracted, workers summed), the
+stale-redo ratio (entries whose link and impact the updater redid / entries updated: the share of work the link
+and impact agents did not carry), and each worker's peak RSS. Prints JSON on stdout.
+
+Usage: python -m benchmarks.hospital_feed [--entries 20000] [--warmup 2000] [--rate R] [--runs one two rate floor]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.write_path import _free_port, _hist_quantile, _vmhwm_mb
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
+MIMIC = DATA / "mimic-iv-demo-2.2"
+
+
+# --- the feed -------------------------------------------------------------------------------------------------
+
+def _when(entry: Any) -> datetime | None:
+    return entry.effective_at or entry.recorded_at
+
+
+def interleave(patients: Sequence[Sequence[Any]]) -> list[Any]:
+    """Each patient's entries (in its own order) merged by time since the patient's first entry. An entry without
+    a time keeps the time of the entry before it, so a patient's order never changes."""
+
+    def keyed(i: int, entries: Sequence[Any]) -> Iterator[tuple[timedelta, int, int, Any]]:
+        times = [t for e in entries if (t := _when(e)) is not None]
+        start = min(times) if times else None
+        last = timedelta(0)
+        for n, e in enumerate(entries):
+            t = _when(e)
+            if t is not None and start is not None:
+                last = max(last, t - start)  # never earlier than the entry before: the patient's order holds
+            yield last, i, n, e
+
+    merged = heapq.merge(*(keyed(i, es) for i, es in enumerate(patients)), key=lambda x: (x[0], x[1], x[2]))
+    return [e for _, _, _, e in merged]
+
+
+def feed_stats(feed: Sequence[Any]) -> dict[str, Any]:
+    """How interleaved a feed is: patients, and the mean run of consecutive entries of one patient."""
+    runs, prev = 0, None
+    for e in feed:
+        if e.patient_id != prev:
+            runs, prev = runs + 1, e.patient_id
+    return {"entries": len(feed), "patients": len({e.patient_id for e in feed}),
+            "mean_same_patient_run": round(len(feed) / runs, 2) if runs else 0.0}
+
+
+def load_feed(subjects: Sequence[str] | None) -> list[Any]:
+    from stam.sources.mimic import iter_mimic
+
+    return interleave([batch for batch in iter_mimic(MIMIC, subjects=subjects) if batch])
+
+
+# --- the stack with N workers -------------------------------------------------------------------------------
+
+@contextmanager
+def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[subprocess.Popen[bytes], int]]]]:
+    """The embedded stack in ``home`` with topics and ``n`` write-path worker processes (one consumer group)."""
+    from stam import stack
+    from stam.config import Settings
+    from topology.admin import ensure_topics
+
+    info = stack.up(home)
+    workers: list[tuple[subprocess.Popen[bytes], int]] = []
+    logs = []
+    try:
+        settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
+                            milvus_uri=info.milvus_uri, web_port=0)
+        asyncio.run(ensure_topics(settings))
+        for i in range(n):
+            port = _free_port()
+            env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url,
+                       STAM_REDIS_URL=info.redis_url, STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0",
+                       STAM_METRICS_PORT=str(port))
+            log = open(home / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed below
+            logs.append(log)
+            workers.append((subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+                                             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), port))
+        yield settings, workers
+    finally:
+        for proc, _ in workers:
+            proc.terminate()
+        for proc, _ in workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+        stack.down(home)
+
+
+_BUCKET = re.compile(r'stam_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)')
+
+
+def scrape(ports: Sequence[int]) -> dict[str, Any]:
+    """Stage histogram buckets and the stale-redo counter, summed over the workers."""
+    buckets: dict[str, dict[float, float]] = {}
+    redo = 0.0
+    for port in ports:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for m in _BUCKET.finditer(text):
+            stage = buckets.setdefault(m.group(2), {})
+            stage[float(m.group(1))] = stage.get(float(m.group(1)), 0.0) + float(m.group(3))
+        found = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
+        redo += float(found.group(1)) if found else 0.0
+    return {"buckets": buckets, "stale_redo": redo}
+
+
+def stage_quantiles(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for stage, b in after["buckets"].items():
+        prior = before["buckets"].get(stage, {})
+        cum = sorted((le, c - prior.get(le, 0.0)) for le, c in b.items())
+        p50, p99 = _hist_quantile(cum, 0.5), _hist_quantile(cum, 0.99)
+        out[stage] = {"p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
+                      "p99_ms": round(p99 * 1000, 3) if p99 is not None else None, "n": int(cum[-1][1])}
+    return out
+
+
+# --- one run --------------------------------------------------------------------------------------------------
+
+async def _follow(settings: Any, want: set[str], sent_at: dict[str, float], state: dict[str, Any],
+                  quiet_s: float) -> None:
+    """Consume transitions and dead letters until every wanted entry has one (or nothing moves for ``quiet_s``)."""
+    from aiokafka import AIOKafkaConsumer
+
+    from stam.crypto import sealer_for
+    from topology import topics as t
+    from topology.admin import kafka_client_kwargs
+
+    sealer = sealer_for(settings)
+    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
+                                **kafka_client_kwargs(settings), auto_offset_reset="earliest",
+                                enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    done: dict[str, float] = state["done"]
+    last_move = time.monotonic()
+    try:
+        while not state["published"] or len(done) + state["dead"] < state["sent"]:
+            batch = await consumer.getmany(timeout_ms=200)
+            now = time.monotonic()
+            for tp, records in batch.items():
+                for rec in records:
+                    data = json.loads(sealer.open(rec.value))
+                    if tp.topic.endswith("deadletter.v1"):
+                        state["dead"] += 1
+                        continue
+                    entry = data["entry_id"]
+                    if entry in want:
+                        state["transitions"] += 1
+                    if entry in want and entry not in done:
+                        done[entry] = now
+                        last_move = now
+            if now - last_move > quiet_s and state["published"]:
+                state["stalled"] = True
+                return
+    finally:
+        await consumer.stop()
+
+
+async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, quiet_s: float,
+                   dead_before: int = 0) -> dict[str, Any]:
+    """Publish ``entries`` (at ``rate``, or flat out) and follow them to their transitions. ``dead_before``: dead
+    letters already on the topic (an earlier measurement's), not this one's."""
+    from stam.publish import Publisher, PublishSummary
+
+    want = {e.entry_id for e in entries}
+    sent_at: dict[str, float] = {}
+    state: dict[str, Any] = {"done": {}, "dead": -dead_before, "sent": 0, "published": False, "stalled": False,
+                             "transitions": 0}
+    lag: list[tuple[float, int, int]] = []
+    started = time.monotonic()
+
+    def progress(n: int) -> None:
+        sent_at[entries[n - 1].entry_id] = time.monotonic()
+        state["sent"] = n
+
+    async def sample() -> None:
+        while True:
+            lag.append((round(time.monotonic() - started, 1), state["sent"], len(state["done"]) + state["dead"]))
+            await asyncio.sleep(1.0)
+
+    follower = asyncio.create_task(_follow(settings, want, sent_at, state, quiet_s))
+    sampler = asyncio.create_task(sample())
+    async with Publisher(settings) as pub:
+        summary = PublishSummary()
+        await pub.send_entries(entries, summary, rate=rate, progress=progress)
+    published = time.monotonic() - started
+    state["published"] = True
+    await follower
+    sampler.cancel()
+    elapsed = max(state["done"].values(), default=started) - started
+    latencies = [state["done"][e] - sent_at[e] for e in state["done"] if e in sent_at]
+    behind = [s - d for _, s, d in lag]
+    step = max(1, len(lag) // 60)
+    return {
+        "entries": len(entries), "sent": state["sent"], "applied": len(state["done"]), "dead_letters": state["dead"],
+        "transitions": state["transitions"],
+        "stalled": state["stalled"], "rate_asked": rate, "publish_seconds": round(published, 1),
+        "seconds": round(elapsed, 1), "entries_per_s": round(len(state["done"]) / elapsed, 1) if elapsed else None,
+        "latency_s": {"p50": round(float(np.percentile(latencies, 50)), 2),
+                      "p99": round(float(np.percentile(latencies, 99)), 2)} if latencies else None,
+        "lag_entries": {"max": max(behind, default=0),
+                        "at_end_of_publish": next((s - d for t, s, d in lag if t >= published), None),
+                        "series_t_sent_done": lag[::step]},
+    }
+
+
+def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | None, quiet_s: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="stam-feed-") as tmp, stack_with_workers(Path(tmp), workers) as (
+            settings, procs):
+        ports = [p for _, p in procs]
+        t0 = time.monotonic()
+        warmed = asyncio.run(_measure(settings, warm, None, quiet_s=120))
+        warmup = {"entries": len(warm), "applied": warmed["applied"], "seconds": round(time.monotonic() - t0, 1)}
+        before = scrape(ports)
+        result = asyncio.run(_measure(settings, feed, rate, quiet_s, dead_before=warmed["dead_letters"]))
+        after = scrape(ports)
+        stages = stage_quantiles(before, after)
+        updated = stages.get("update", {}).get("n", 0)
+        redo = after["stale_redo"] - before["stale_redo"]
+        return {"workers": workers, "warmup": warmup, **result, "stages": stages,
+                "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
+                "worker_peak_rss_mb": [_vmhwm_mb(p.pid) for p, _ in procs]}
+
+
+def floor(messages: int, payload: int, fanout: int) -> dict[str, Any]:
+    from benchmarks.faust_floor import _one
+
+    return _one(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout), "s3")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entries", type=int, default=20000, help="entries of the feed measured (from its start)")
+    parser.add_argument("--warmup", type=int, default=2000, help="entries applied first as other patients")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="entries/s of the fixed-rate run (default: 0.8 x the one-worker flat-out rate)")
+    parser.add_argument("--subjects", default=None, help="comma-separated subject ids (default: all 100)")
+    parser.add_argument("--runs", nargs="+", choices=["one", "two", "rate", "floor"],
+                        default=["one", "two", "rate", "floor"])
+    parser.add_argument("--quiet", type=float, default=180, help="give up after this many seconds without progress")
+    args = parser.parse_args()
+    if not MIMIC.is_dir():
+        sys.exit(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
+    t0 = time.monotonic()
+    whole = load_feed(args.subjects.split(",") if args.subjects else None)
+    feed = whole[: args.entries]
+    # Warm-up: the entries right after the measured ones, as other patients (same codes, no shared state).
+    warm = [e.model_copy(update={"patient_id": "warm-" + e.patient_id, "entry_id": "warm-" + e.entry_id})
+            for e in whole[args.entries: args.entries + args.warmup]]
+    report: dict[str, Any] = {"benchmark": "hospital_feed", "cpu_count": os.cpu_count(),
+                              "feed": {**feed_stats(feed), "of_total": len(whole),
+                                       "load_seconds": round(time.monotonic() - t0, 1)}}
+    one = None
+    if "one" in args.runs:
+        one = report["one_worker"] = run(feed, warm, 1, None, args.quiet)
+    if "two" in args.runs:
+        report["two_workers"] = run(feed, warm, 2, None, args.quiet)
+    if "rate" in args.runs:
+        rate = args.rate or (round(0.8 * one["entries_per_s"], 1) if one and one["entries_per_s"] else None)
+        if rate is None:
+            sys.exit("--rate is needed when the one-worker run is not part of this run")
+        report["one_worker_at_rate"] = run(feed, warm, 1, rate, args.quiet)
+    if "floor" in args.runs:
+        from schemas import ImpactedEntry
+        from stam.reasoning.coded import CodedReasoner
+
+        sample = feed[:: max(1, len(feed) // 500)]
+        coded = CodedReasoner()
+        sizes = [len(ImpactedEntry(entry=e, memories=tuple(coded.extract(e)), relations=(), candidates={},
+                                   state_version=0).model_dump_json()) for e in sample]
+        fanout = max(1, round(one["transitions"] / one["applied"])) if one and one.get("applied") else 2
+        report["faust_floor"] = floor(len(feed), int(np.mean(sizes)), fanout)
+        if one and one.get("entries_per_s"):
+            report["write_path_floor_ratio"] = round(one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
