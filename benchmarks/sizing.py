@@ -90,7 +90,7 @@ MIN_MEMORIES_FOR_SLOPE = 100_000
 WORKER_BASE_RSS_MB = 700.0
 """RSS of a worker holding almost nothing (README 'Benchmarks': ~700 MB, PyTorch and MiniLM most of it)."""
 
-# Fallbacks for the store model: measured once with this script on /work/replays/qa-test/stam (18 MIMIC-IV demo
+# Fallbacks for the store model: measured once with this script on a kept `stam eval` replay (18 MIMIC-IV demo
 # patients, every table, 36,628 entries), used when no replay is found.
 ASSUMED_REPLAY: dict[str, float] = {
     "redis_bytes_per_memory": 1523.4, "memories_per_entry": 1.0, "transitions_per_entry": 1.739,
