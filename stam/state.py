@@ -141,15 +141,7 @@ class PatientState:
 
     def relations(self) -> list[Relation]:
         return [Relation(source_id=s, target_id=t, type=RelationType(ty), weight=float(w))
-                for s, t, ty, w in self._edge_list()]
-
-    def _edge_list(self) -> list[Edge]:
-        """Every edge, in the order they were added."""
-        return [e for _, e in sorted(self._edges.items())]
-
-    def _vertex_list(self) -> list[str]:
-        """Every vertex name, in the order they were added."""
-        return [n for n, _ in sorted(self._vertices.items(), key=lambda kv: kv[1])]
+                for _, (s, t, ty, w) in sorted(self._edges.items())]
 
     def counts(self) -> dict[str, int]:
         active = sum(1 for m in self.memories.values() if m.store is Store.ACTIVE)
@@ -168,15 +160,19 @@ class PatientState:
         """The relation graph as an igraph ``Graph`` (vertex ``name``, edge ``type`` and ``weight``), built on
         demand and kept until the graph changes. Read-only: change the state through its methods."""
         if self._igraph is None:
-            names = self._vertex_list()
-            index = {n: i for i, n in enumerate(names)}
+            names, edges = self._indexed()
             g = ig.Graph(directed=True)
             g.add_vertices(len(names), attributes={"name": names})
-            edges = self._edge_list()
-            g.add_edges([(index[s], index[t]) for s, t, _, _ in edges],
+            g.add_edges([(s, t) for s, t, _, _ in edges],
                         attributes={"type": [e[2] for e in edges], "weight": [e[3] for e in edges]})
             self._igraph = g
         return self._igraph
+
+    def _indexed(self) -> tuple[list[str], list[tuple[int, int, str, float]]]:
+        """Vertex names and edges with their ends as vertex ids, both in the order they were added (igraph's)."""
+        names = [n for n, _ in sorted(self._vertices.items(), key=lambda kv: kv[1])]
+        index = {n: i for i, n in enumerate(names)}
+        return names, [(index[s], index[t], ty, w) for _, (s, t, ty, w) in sorted(self._edges.items())]
 
     # --- writes ------------------------------------------------------------------------------------
 
@@ -328,13 +324,8 @@ class PatientState:
     def graph_snapshot(self) -> bytes:
         """Compact JSON of the graph in igraph's terms: vertex names and (source, target, type, weight) edges,
         ends as vertex ids."""
-        names = self._vertex_list()
-        index = {n: i for i, n in enumerate(names)}
-        return orjson.dumps({
-            "version": self.version,
-            "vertices": names,
-            "edges": [[index[s], index[t], ty, w] for s, t, ty, w in self._edge_list()],
-        })
+        names, edges = self._indexed()
+        return orjson.dumps({"version": self.version, "vertices": names, "edges": edges})
 
     @classmethod
     def restore(cls, patient_id: str, version: int, graph_blob: bytes | None,
