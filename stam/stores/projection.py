@@ -49,6 +49,8 @@ class _Patient:
     matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
     used: int = 0
     """Rows of ``matrix`` in use (the rest is room to grow)."""
+    emptied: set[int] = field(default_factory=set)
+    """Rows left without a memory (their memories' vectors changed)."""
 
     def _row(self, vec: np.ndarray) -> int:
         key = vec.tobytes()
@@ -74,7 +76,11 @@ class _Patient:
             if pos is not None:
                 self.stores[pos] = r.store
                 if self.group[pos] != row:  # the memory's vector changed: it moves to its new row
-                    self.members[self.group[pos]].remove(pos)
+                    old = self.members[self.group[pos]]
+                    old.remove(pos)
+                    if not old:
+                        self.emptied.add(self.group[pos])
+                    self.emptied.discard(row)
                     self.members[row].append(pos)
                     self.group[pos] = row
                 continue
@@ -82,6 +88,7 @@ class _Patient:
             self.ids.append(r.memory_id)
             self.stores.append(r.store)
             self.group.append(row)
+            self.emptied.discard(row)
             self.members[row].append(pos)
 
 
@@ -150,8 +157,8 @@ class VectorProjection(VectorStore):
         skip = set(exclude)
         q = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         scores = q.astype(np.float32) @ p.matrix[: p.used].T
-        # Every row holds at least one memory, so the best limit + |skip| rows hold enough hits.
-        want = min(limit + len(skip), p.used)
+        # Every row but the emptied ones holds a memory, so the best limit + |skip| + |emptied| rows hold enough hits.
+        want = min(limit + len(skip) + len(p.emptied), p.used)
         out: list[list[Hit]] = []
         for row in scores:
             top = np.argpartition(-row, want - 1)[:want] if want < len(row) else np.arange(len(row))

@@ -192,3 +192,24 @@ def test_projection_answers_the_exact_top_k_with_shared_vectors() -> None:
         cut = want[-1][0]  # members tied at the cut may differ; everything above it must be the same
         assert {h.memory_id for h in hits if h.score > cut + 1e-5} == {w[1] for w in want if w[0] > cut + 1e-5}
     assert proj._patients.get("p").used < 150  # type: ignore[union-attr]  # 500 memories, 30 concepts + ~100 free
+
+
+def test_projection_still_fills_the_top_k_when_a_memory_leaves_its_vector() -> None:
+    """A memory whose vector changed leaves its old row empty; that row can score best and hold nobody."""
+    import numpy as np
+
+    from stam.stores.base import VectorRow
+    from stam.stores.projection import VectorProjection
+
+    class Empty:
+        def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
+            return []
+
+    proj = VectorProjection(Empty())  # type: ignore[arg-type]
+    e = np.eye(4, dtype=np.float32)
+    proj.nearest("p", 0, e[:1], 1)
+    proj.committed("p", 0, 1, [VectorRow("a", e[0]), VectorRow("b", e[1]), VectorRow("c", e[2])])
+    proj.committed("p", 1, 2, [VectorRow("a", e[3])])  # a's row (e0) is now empty
+    hits = proj.nearest("p", 2, e[:1] + 0.1 * e[1:2], 2)[0]
+    assert len(hits) == 2 and hits[0].memory_id == "b"  # without counting the empty row: only b
+    assert [h.memory_id for h in proj.nearest("p", 2, e[3:4], 1)[0]] == ["a"]
