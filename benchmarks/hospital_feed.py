@@ -161,7 +161,7 @@ def stage_quantiles(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
 
 # --- one run --------------------------------------------------------------------------------------------------
 
-async def _follow(settings: Any, want: set[str], sent_at: dict[str, float], state: dict[str, Any],
+async def _follow(settings: Any, want: set[str], state: dict[str, Any],
                   quiet_s: float) -> None:
     """Consume transitions and dead letters until every wanted entry has one (or nothing moves for ``quiet_s``)."""
     from aiokafka import AIOKafkaConsumer
@@ -222,7 +222,7 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
             lag.append((round(time.monotonic() - started, 1), state["sent"], len(state["done"]) + state["dead"]))
             await asyncio.sleep(1.0)
 
-    follower = asyncio.create_task(_follow(settings, want, sent_at, state, quiet_s))
+    follower = asyncio.create_task(_follow(settings, want, state, quiet_s))
     sampler = asyncio.create_task(sample())
     async with Publisher(settings) as pub:
         summary = PublishSummary()

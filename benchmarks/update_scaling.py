@@ -21,7 +21,6 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +52,16 @@ def main() -> None:
     from stam.stages import extract_stage, update_batch
 
     t0 = time.monotonic()
-    counts: Counter[str] = Counter()
-    for batch in iter_mimic(MIMIC):  # every patient's entry count (the tables are read once more below)
+    # One read of the folder: keep only the batches that can still be among the smallest or the largest.
+    small: list[tuple[int, str, list[Any]]] = []
+    large: list[tuple[int, str, list[Any]]] = []
+    for batch in iter_mimic(MIMIC):
         if batch:
-            counts[batch[0].patient_id] = len(batch)
-    ranked = sorted(counts, key=lambda p: (counts[p], p))
-    groups = {"smallest": ranked[: args.smallest], "largest": ranked[::-1][: args.largest]}
-    chosen = [p for g in groups.values() for p in g]
-    entries = {b[0].patient_id: b for b in iter_mimic(MIMIC, subjects=chosen) if b}
+            item = (len(batch), batch[0].patient_id, batch)
+            small = sorted([*small, item], key=lambda x: x[:2])[: args.smallest]
+            large = sorted([*large, item], key=lambda x: x[:2], reverse=True)[: args.largest]
+    groups = {"smallest": [p for _, p, _ in small], "largest": [p for _, p, _ in large]}
+    entries = {p: b for _, p, b in small + large}
     report: dict[str, Any] = {"benchmark": "update_scaling", "cpu_count": os.cpu_count(), "tail": args.tail,
                               "load_seconds": round(time.monotonic() - t0, 1), "patients": {}}
     with tempfile.TemporaryDirectory(prefix="stam-scaling-") as tmp:
