@@ -315,7 +315,9 @@ def install(app: Any, topics: Any, durability: Durability) -> None:
     """Wrap the Faust consumer's offset commit: barrier and checkpoint first, then commit.
 
     Faust flushes its producer before calling ``_commit``, so the transitions of every acknowledged entry
-    are on the broker by then. The wrapper holds back only the commit, never the processing."""
+    are on the broker by then. The wrapper holds back only the commit, never the processing, as long as Faust
+    commits from its commit timer alone: a commit from its fetch loop (``broker_commit_every``) would stop all
+    fetching for the fsync window, so ``topology.app`` puts that out of reach."""
     consumer = app.consumer
     original = consumer._commit
 

@@ -222,3 +222,30 @@ def test_a_store_without_a_patients_data_key_is_reported_not_skipped_silently(st
         assert report.unreadable_patients == 0 and _stored(client, lost)[0] > 0
     finally:
         deps.vectors.close()
+
+
+def test_the_fsync_window_holds_back_offset_commits_not_consumption(stack_settings: Any) -> None:
+    """Every offset commit first waits out Redis's fsync window (here 120 s). Faust also commits from its fetch
+    loop after a number of acknowledged messages; such a commit stopped all fetching for the window (the write path
+    ran at a third of its rate on the hospital feed). 90 entries (~360 acknowledgements over the four stages)
+    must all be applied while the first commit is still waiting, and no checkpoint may be written meanwhile."""
+    from schemas import RecordEntry
+
+    s = stack_settings
+    entries = [RecordEntry(patient_id=f"fsync-window-{i % 6}", entry_id=f"fsync-window-{i}", source="test",
+                           text=f"Follow-up note {i}: blood pressure {110 + i} over 70.") for i in range(90)]
+    before = asyncio.run(read_checkpoint(s))
+    with _stam_process(s, "worker", "worker-fsync-window.log", STAM_METRICS_PORT=str(_free_port()),
+                       STAM_REDIS_FSYNC_WINDOW_S="120") as proc:
+        asyncio.run(_publish(s, entries[:1]))  # the worker joins and checks the store; its commits start waiting
+        first, _ = asyncio.run(_collect(s, {entries[0].entry_id}, timeout=180))
+        assert entries[0].entry_id in {t["entry_id"] for t in first}, _said(s.home / "worker-fsync-window.log")
+        started = time.monotonic()
+        asyncio.run(_publish(s, entries[1:]))
+        transitions, _ = asyncio.run(_collect(s, {e.entry_id for e in entries}, timeout=90))
+        waited = time.monotonic() - started
+        assert proc.poll() is None
+        missing = {e.entry_id for e in entries} - {t["entry_id"] for t in transitions}
+        assert not missing, f"{len(missing)} entries not applied in {waited:.0f} s\n" + _said(
+            s.home / "worker-fsync-window.log")
+        assert asyncio.run(read_checkpoint(s)) == before  # the commits are still waiting out the window
