@@ -29,6 +29,10 @@ In = TypeVar("In")
 Res = TypeVar("Res", bound=UpdateResult)
 
 
+OUTBOX_CLEAR_S = 0.2
+"""How often delivered outboxes are cleared (one Redis round trip for all of them)."""
+
+
 def _failed(task: str, exc: BaseException, delay: float) -> None:
     BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
     if isinstance(exc, TRANSIENT) or type(exc).__module__.startswith(("aiokafka", "kafka")):
@@ -40,6 +44,7 @@ def _failed(task: str, exc: BaseException, delay: float) -> None:
 def register(app: faust.App, runtime: Runtime) -> Any:
     topics = runtime.topics
     pending: set[asyncio.Future[None]] = set()
+    delivered: list[tuple[str, str]] = []  # outboxes whose transitions the broker confirmed, cleared in batches
 
     async def _clear_when_delivered(futures: list[Any], patient_id: str, entry_id: str) -> None:
         try:
@@ -47,7 +52,23 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         except Exception:  # delivery failed: keep the outbox; it is republished on restart or redelivery
             log.warning("transition delivery failed; outbox kept for republication")
             return
-        runtime.deps.states.clear_outbox(patient_id, entry_id)
+        delivered.append((patient_id, entry_id))
+
+    @app.timer(interval=OUTBOX_CLEAR_S)
+    async def clear_delivered_outboxes() -> None:
+        """Delete the outboxes of delivered transitions, many per Redis round trip, on the stage thread (never a
+        blocking Redis call on the event loop). Redis unreachable: kept for the next round; a worker stopped before
+        a round leaves them to be republished at its next start (same transition ids: consumers de-duplicate)."""
+        if not delivered:
+            return
+        batch = delivered[:]
+        del delivered[:len(batch)]
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                STAGE_THREAD, runtime.deps.states.clear_outboxes, batch)
+        except Exception as exc:  # noqa: BLE001 - the next round tries again; a bug is logged and alerted
+            delivered[:0] = batch
+            _failed("clear_outboxes", exc, OUTBOX_CLEAR_S)
 
     @app.task
     async def republish_pending() -> None:

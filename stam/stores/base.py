@@ -157,6 +157,11 @@ class StateStore(ABC):
     @abstractmethod
     def clear_outbox(self, patient_id: str, entry_id: str) -> None: ...
 
+    def clear_outboxes(self, delivered: Sequence[tuple[str, str]]) -> None:
+        """:meth:`clear_outbox` for many (patient id, entry id) pairs (a store may do it in one round trip)."""
+        for patient_id, entry_id in delivered:
+            self.clear_outbox(patient_id, entry_id)
+
     @abstractmethod
     def patients(self) -> list[str]: ...
 

@@ -268,6 +268,13 @@ class RedisStateStore(StateStore):
     def clear_outbox(self, patient_id: str, entry_id: str) -> None:
         self._r.delete(self._outbox_key(patient_id, entry_id))
 
+    def clear_outboxes(self, delivered: Sequence[tuple[str, str]]) -> None:
+        # One round trip, one DEL per key (keys of different patients are in different cluster slots).
+        pipe = self._r.pipeline(transaction=False)
+        for patient_id, entry_id in delivered:
+            pipe.delete(self._outbox_key(patient_id, entry_id))
+        pipe.execute()
+
     def patients(self) -> list[str]:
         return sorted(p.decode() if isinstance(p, bytes) else p
                       for p in self._r.smembers(f"{self._prefix}:patients"))

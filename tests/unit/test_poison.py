@@ -299,6 +299,12 @@ def test_hostile_ids_keep_their_own_keys_and_the_outbox_scan_parses_them_back(re
     for pid in HOSTILE:
         assert store.version(pid) == 2
         assert store.source_text(pid, f"fhir-r4:Condition/{pid}:1") == "text"
+    # The worker clears delivered outboxes in batches (one round trip): exactly the pairs named, any id.
+    kept = HOSTILE[::3]
+    store.clear_outboxes([(pid, f"fhir-r4:Condition/{pid}:2") for pid in HOSTILE if pid not in kept])
+    assert sorted(store.pending_outboxes()) == sorted((pid, f"fhir-r4:Condition/{pid}:2", b"[]") for pid in kept)
+    store.clear_outboxes([])
+    for pid in kept:
         store.clear_outbox(pid, f"fhir-r4:Condition/{pid}:2")
     assert store.pending_outboxes() == []
     assert store.version("%2541") == 0 and store.version("a") == 0  # escaping is one-to-one
