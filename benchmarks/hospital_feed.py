@@ -17,9 +17,10 @@ that time, each patient's own order kept. The first ``--entries`` of that feed g
 Each worker first applies ``--warmup`` entries of other patients (model load, group join, the concept cache of
 the feed's codes), which are not measured. Per run: entries/s from the first publish to the last entry's first
 transition, the end-to-end latency of each entry (p50/p99), the lag (entries published and not yet applied)
-sampled every second, the stage p50/p99 from the workers' histograms (warm-up subtracted, workers summed), the
-stale-redo ratio (entries whose link and impact the updater redid / entries updated: the share of work the link
-and impact agents did not carry), and each worker's peak RSS. Prints JSON on stdout.
+sampled every second, how many entries each stage had handed on at each second (where a backlog sits), the stage
+p50/p99 from the workers' histograms (warm-up subtracted, workers summed), the stale-redo ratio (entries whose link
+and impact the updater redid / entries updated: the share of work the link and impact agents did not carry), and
+each worker's peak RSS. Prints JSON on stdout.
 
 Usage: python -m benchmarks.hospital_feed [--entries 20000] [--warmup 2000] [--rate R] [--runs one two rate floor]
 """
@@ -200,10 +201,27 @@ async def _follow(settings: Any, want: set[str], state: dict[str, Any],
         await consumer.stop()
 
 
+_DONE = re.compile(r'^stam_messages_total\{outcome="ok",stage="(\w+)"\} (\S+)', re.M)
+STAGES = ("extract", "link", "impact", "update")
+
+
+def stage_counts(ports: Sequence[int]) -> list[int]:
+    """Messages each stage has handed on (``stam_messages_total{outcome="ok"}``), summed over the workers, in
+    pipeline order."""
+    counts = dict.fromkeys(STAGES, 0.0)
+    for port in ports:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        for m in _DONE.finditer(text):
+            if m.group(1) in counts:
+                counts[m.group(1)] += float(m.group(2))
+    return [int(counts[s]) for s in STAGES]
+
+
 async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, quiet_s: float,
-                   dead_before: int = 0) -> dict[str, Any]:
+                   dead_before: int = 0, ports: Sequence[int] = ()) -> dict[str, Any]:
     """Publish ``entries`` (at ``rate``, or flat out) and follow them to their transitions. ``dead_before``: dead
-    letters already on the topic (an earlier measurement's), not this one's."""
+    letters already on the topic (an earlier measurement's), not this one's. ``ports``: the workers' metrics
+    ports, sampled every second for how far each stage has got."""
     from stam.publish import Publisher, PublishSummary
 
     want = {e.entry_id for e in entries}
@@ -211,6 +229,8 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
     state: dict[str, Any] = {"done": {}, "dead": -dead_before, "sent": 0, "published": False, "stalled": False,
                              "transitions": 0}
     lag: list[tuple[float, int, int]] = []
+    per_stage: list[list[float | int]] = []
+    base = await asyncio.to_thread(stage_counts, ports) if ports else []
     started = time.monotonic()
 
     def progress(n: int) -> None:
@@ -219,7 +239,11 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
 
     async def sample() -> None:
         while True:
-            lag.append((round(time.monotonic() - started, 1), state["sent"], len(state["done"]) + state["dead"]))
+            t = round(time.monotonic() - started, 1)
+            lag.append((t, state["sent"], len(state["done"]) + state["dead"]))
+            if ports:
+                now = await asyncio.to_thread(stage_counts, ports)
+                per_stage.append([t, *(n - b for n, b in zip(now, base, strict=True))])
             await asyncio.sleep(1.0)
 
     follower = asyncio.create_task(_follow(settings, want, state, quiet_s))
@@ -245,6 +269,9 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
         "lag_entries": {"max": max(behind, default=0),
                         "at_end_of_publish": next((s - d for t, s, d in lag if t >= published), None),
                         "series_t_sent_done": lag[::step]},
+        # Where the entries are: how many each stage has handed on by then (a stage far behind the one before
+        # it is where the backlog sits).
+        "stages_series_t_extract_link_impact_update": per_stage[::max(1, len(per_stage) // 60)],
     }
 
 
@@ -256,7 +283,7 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         warmed = asyncio.run(_measure(settings, warm, None, quiet_s=120))
         warmup = {"entries": len(warm), "applied": warmed["applied"], "seconds": round(time.monotonic() - t0, 1)}
         before = scrape(ports)
-        result = asyncio.run(_measure(settings, feed, rate, quiet_s, dead_before=warmed["dead_letters"]))
+        result = asyncio.run(_measure(settings, feed, rate, quiet_s, dead_before=warmed["dead_letters"], ports=ports))
         after = scrape(ports)
         stages = stage_quantiles(before, after)
         updated = stages.get("update", {}).get("n", 0)
