@@ -63,8 +63,9 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
         producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.common)
         # Offsets are committed by Faust's commit timer only (every broker_commit_interval), never inline: Faust
         # commits inline from its fetch loop after broker_commit_every acks, and a commit first waits out Redis's
-        # fsync window (stam.recovery.install), so an inline commit stopped all fetching for that second (measured:
-        # the fetch loop held ~40% of the time on the hospital feed).
+        # fsync window (stam.recovery.install; 2 s with appendfsync everysec), so an inline commit every 200 acks
+        # stopped all fetching for the window (measured: the fetch loop held there about half the time on the
+        # hospital feed, and the write path ran at half its rate).
         broker_commit_every=INLINE_COMMIT_NEVER,
         # Tansu (and Kafka) hold a new group's join for the rebalance timeout when a previous member
         # may return; shorter timeouts make a restarted worker resume sooner.
