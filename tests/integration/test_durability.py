@@ -21,8 +21,10 @@ from typing import Any
 import redis
 
 from stam import stack
+from stam.compose import redis_client
 from stam.rebuild import replay
 from stam.recovery import read_checkpoint, read_log
+from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process
@@ -249,3 +251,9 @@ def test_the_fsync_window_holds_back_offset_commits_not_consumption(stack_settin
         assert not missing, f"{len(missing)} entries not applied in {waited:.0f} s\n" + _said(
             s.home / "worker-fsync-window.log")
         assert asyncio.run(read_checkpoint(s)) == before  # the commits are still waiting out the window
+        # Delivered transitions leave no outbox behind (the worker clears them in batches, off the event loop).
+        states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(p.startswith("fsync-window-") for p, _, _ in states.pending_outboxes()):
+            time.sleep(0.5)
+        assert not [e for p, e, _ in states.pending_outboxes() if p.startswith("fsync-window-")]
