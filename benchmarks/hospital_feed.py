@@ -135,12 +135,16 @@ def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[sub
 _BUCKET = re.compile(r'stam_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)')
 
 
+def _metrics(port: int) -> str:
+    return str(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+
+
 def scrape(ports: Sequence[int]) -> dict[str, Any]:
     """Stage histogram buckets and the stale-redo counter, summed over the workers."""
     buckets: dict[str, dict[float, float]] = {}
     redo = 0.0
     for port in ports:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        text = _metrics(port)
         for m in _BUCKET.finditer(text):
             stage = buckets.setdefault(m.group(2), {})
             stage[float(m.group(1))] = stage.get(float(m.group(1)), 0.0) + float(m.group(3))
@@ -210,7 +214,7 @@ def stage_counts(ports: Sequence[int]) -> list[int]:
     pipeline order."""
     counts = dict.fromkeys(STAGES, 0.0)
     for port in ports:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        text = _metrics(port)
         for m in _DONE.finditer(text):
             if m.group(1) in counts:
                 counts[m.group(1)] += float(m.group(2))
