@@ -62,6 +62,20 @@ def configure(settings: Settings, level: int | str = logging.WARNING) -> None:
     root.setLevel(level)
 
 
+def faust_worker(app: Any, settings: Settings, loglevel: str = "info") -> Any:
+    """A ``faust.Worker`` for ``app`` with the configured logging and without Faust's terminal spinner.
+
+    With a level of WARNING or above, Faust keeps a start-up spinner that is advanced by every log record: it sets
+    the root logger to DEBUG and adds a DEBUG handler, for the life of the process. Every debug call of aiokafka
+    and Faust (one per message sent) then builds a LogRecord that no handler prints: 6% of a busy worker's samples
+    in a py-spy profile of the whole MIMIC-IV demo. Without the spinner the root logger keeps the level asked."""
+    import faust
+
+    worker = faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel))
+    worker.spinner = None
+    return worker
+
+
 def faust_logging(settings: Settings, loglevel: str = "info") -> dict[str, Any]:
     """Keyword arguments of ``faust.Worker`` for the configured format. Text keeps Faust's own (coloured) output;
     JSON replaces its handler and turns off its start-up banner, so stdout and stderr carry JSON lines only."""

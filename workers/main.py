@@ -16,7 +16,7 @@ import faust
 
 from stam.config import Settings
 from stam.errors import UnknownStage
-from stam.logs import faust_logging
+from stam.logs import faust_worker
 from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
 from topology.app import create_app
@@ -97,5 +97,4 @@ def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = tupl
     claim_port(settings.web_host, settings.web_port, "STAM_WEB_PORT")
     start_metrics(settings)
     app, _ = build(settings, stages)
-    worker = faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel))
-    worker.execute_from_commandline()
+    faust_worker(app, settings, loglevel).execute_from_commandline()

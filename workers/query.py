@@ -38,7 +38,7 @@ from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.compose import build_query_service
 from stam.config import Settings
 from stam.errors import Erased, SealBroken
-from stam.logs import faust_logging
+from stam.logs import faust_worker
 from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
 from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, failed_answer
@@ -260,4 +260,4 @@ def run(settings: Settings, loglevel: str = "info") -> None:
     claim_port(settings.query_web_host, settings.query_web_port, "STAM_QUERY_WEB_PORT")
     start_metrics(settings)
     app, _ = build(settings)
-    faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel)).execute_from_commandline()
+    faust_worker(app, settings, loglevel).execute_from_commandline()

@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 import ssl
 import subprocess
@@ -171,6 +172,33 @@ def test_json_logging_config_for_the_faust_worker() -> None:
     finally:
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+_WORKER_LOGGING = """
+import logging, os, faust
+from stam.config import Settings
+from stam.logs import faust_worker
+for fmt in ("text", "json"):
+    worker = faust_worker(faust.App("log-check", broker="kafka://127.0.0.1:1"), Settings(log_format=fmt), "warning")
+    worker._setup_logging()
+    debug = logging.getLogger("aiokafka.producer").isEnabledFor(logging.DEBUG)
+    os.write(1, f"LEVEL {fmt} {logging.getLogger().level} {debug}\\n".encode())  # past Faust's stdout redirect
+"""
+
+
+@pytest.mark.parametrize("spinner", [False, True])
+def test_a_warning_worker_builds_no_debug_records(spinner: bool) -> None:
+    """Faust's start-up spinner sets the root logger to DEBUG when the level asked is WARNING or above, so every
+    debug call of aiokafka (one per message sent) builds a record nobody prints; the STAM worker has no spinner.
+    With it put back, the check sees DEBUG: it can fail."""
+    code = _WORKER_LOGGING if not spinner else _WORKER_LOGGING.replace(
+        "    worker._setup_logging()", "    worker.spinner = faust.utils.terminal.Spinner(file=worker.stdout)\n"
+                                      "    worker._setup_logging()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr
+    want = ["text 10 True", "json 10 True"] if spinner else ["text 30 False", "json 30 False"]
+    assert re.findall(r"LEVEL (\w+ \d+ \w+)", out.stdout) == want
 
 
 def _stam(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
