@@ -6,7 +6,8 @@ entry). Prints JSON: messages/s end to end. What the real worker reaches cannot 
 
 Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2] [--storage s3 memory]
 (``--storage``: the broker storage engines to compare, one stack each, in turn; also reports the stack's start
-time, the first message's time (the worker's group join), the broker's disk and the RSS of its processes.)
+time, the first message's time (the worker's group join), the broker's disk and the RSS of its processes, and the
+CPU seconds each process spent on the measured messages.)
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from benchmarks.write_path import CpuMeter
 
 PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]
@@ -49,10 +52,12 @@ def worker_main(broker: str, fanout: int) -> None:
         hop(topics[i], topics[i + 1], 1)
     hop(topics[3], topics[4], fanout)
     sys.argv = [sys.argv[0], "worker", "-l", "warning"]
-    faust.Worker(app, loglevel="warning").execute_from_commandline()
+    worker = faust.Worker(app, loglevel="warning")
+    worker.spinner = None  # as the STAM worker (stam.logs.faust_worker): no root logger at DEBUG
+    worker.execute_from_commandline()
 
 
-async def drive(bootstrap: str, n: int, fanout: int, payload: bytes) -> dict[str, Any]:
+async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMeter | None = None) -> dict[str, Any]:
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
     consumer = AIOKafkaConsumer(f"{PREFIX}.out", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 group_id=None)
@@ -71,9 +76,14 @@ async def drive(bootstrap: str, n: int, fanout: int, payload: bytes) -> dict[str
             return time.monotonic() - started
 
         first = await run(1, "warm")  # the worker's group join, then one message through the four hops
+        if cpu is not None:
+            cpu.reset()
         elapsed = await run(n, "measure")
-        return {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1),
-                "first_message_s": round(first, 1)}
+        out: dict[str, Any] = {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1),
+               "first_message_s": round(first, 1)}
+        if cpu is not None:
+            out["cpu"] = cpu.report(n)
+        return out
     finally:
         await consumer.stop()
         await producer.stop()
@@ -120,7 +130,9 @@ def _one(args: argparse.Namespace, storage: str) -> dict[str, Any]:
                                   env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         try:
             bootstrap = info.broker_url.split("://", 1)[1]
-            result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes))
+            cpu = CpuMeter({**{n: p.pid for n, p in info.processes.items()}, "worker": worker.pid,
+                            "driver": os.getpid()})
+            result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes, cpu))
             broker_dir = home / "broker"
             result.update(
                 storage=storage, stack_up_s=round(up_s, 1),

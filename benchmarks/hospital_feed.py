@@ -20,7 +20,9 @@ transition, the end-to-end latency of each entry (p50/p99), the lag (entries pub
 sampled every second, how many entries each stage had handed on at each second (where a backlog sits), the stage
 p50/p99 from the workers' histograms (warm-up subtracted, workers summed), the stale-redo ratio (entries whose link
 and impact the updater redid / entries updated: the share of work the link and impact agents did not carry), and
-each worker's peak RSS. Prints JSON on stdout.
+each worker's peak RSS, and the CPU seconds every process spent (the stack's, the workers', this driver's; per entry
+too). ``cpu_bound_ratio`` is the floor's CPU per entry over the write path's: where both runs keep every core busy,
+it is the ratio the write path's own work leaves room for on this machine. Prints JSON on stdout.
 
 Usage: python -m benchmarks.hospital_feed [--entries 20000] [--warmup 2000] [--rate R] [--runs one two rate floor]
 """
@@ -46,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.write_path import _free_port, _hist_quantile, _vmhwm_mb
+from benchmarks.write_path import CpuMeter, _free_port, _hist_quantile, _vmhwm_mb
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -96,8 +98,10 @@ def load_feed(subjects: Sequence[str] | None) -> list[Any]:
 # --- the stack with N workers -------------------------------------------------------------------------------
 
 @contextmanager
-def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[subprocess.Popen[bytes], int]]]]:
-    """The embedded stack in ``home`` with topics and ``n`` write-path worker processes (one consumer group)."""
+def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[subprocess.Popen[bytes], int]],
+                                                             dict[str, int]]]:
+    """The embedded stack in ``home`` with topics and ``n`` write-path worker processes (one consumer group);
+    yields the settings, the workers with their metrics ports, and the stack's process ids by name."""
     from stam import stack
     from stam.config import Settings
     from topology.admin import ensure_topics
@@ -118,7 +122,7 @@ def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[sub
             logs.append(log)
             workers.append((subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), port))
-        yield settings, workers
+        yield settings, workers, {name: p.pid for name, p in info.processes.items()}
     finally:
         for proc, _ in workers:
             proc.terminate()
@@ -281,20 +285,23 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
 
 def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | None, quiet_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="stam-feed-") as tmp, stack_with_workers(Path(tmp), workers) as (
-            settings, procs):
+            settings, procs, stack_pids):
         ports = [p for _, p in procs]
         t0 = time.monotonic()
         warmed = asyncio.run(_measure(settings, warm, None, quiet_s=120))
         warmup = {"entries": len(warm), "applied": warmed["applied"], "seconds": round(time.monotonic() - t0, 1)}
         before = scrape(ports)
+        cpu = CpuMeter({**stack_pids, **{f"worker-{i}": p.pid for i, (p, _) in enumerate(procs)},
+                        "driver": os.getpid()})
         result = asyncio.run(_measure(settings, feed, rate, quiet_s, dead_before=warmed["dead_letters"], ports=ports))
+        spent = cpu.report(result["applied"])
         after = scrape(ports)
         stages = stage_quantiles(before, after)
         updated = stages.get("update", {}).get("n", 0)
         redo = after["stale_redo"] - before["stale_redo"]
         return {"workers": workers, "warmup": warmup, **result, "stages": stages,
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
-                "worker_peak_rss_mb": [_vmhwm_mb(p.pid) for p, _ in procs]}
+                "worker_peak_rss_mb": [_vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
 
 
 def floor(messages: int, payload: int, fanout: int) -> dict[str, Any]:
@@ -347,6 +354,13 @@ def main() -> None:
         report["faust_floor"] = floor(len(feed), int(np.mean(sizes)), fanout)
         if one and one.get("entries_per_s"):
             report["write_path_floor_ratio"] = round(one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
+            # Where both runs keep every core busy (their cpu.cores_busy ~ cores), entries/s ~ cores / CPU per entry,
+            # and the ratio of the CPU per entry is the best ratio this machine allows the write path: what its own
+            # work (embedding, state, stores) costs on top of the hops.
+            floor_ms = report["faust_floor"].get("cpu", {}).get("cpu_ms_per_entry_total")
+            write_ms = one.get("cpu", {}).get("cpu_ms_per_entry_total")
+            if floor_ms and write_ms:
+                report["cpu_bound_ratio"] = round(floor_ms / write_ms, 3)
     print(json.dumps(report, indent=1))
 
 

@@ -8,7 +8,8 @@ its transitions, then checks POE supersession against the source rows in every p
 - a 'D/C' order Z of Y: no memory of order Y is left ACTIVE and Z's memory is in HISTORY (stopped).
 
 Prints JSON (stdout): time taken, entries/s, per-table counts (rows, entries, dead-lettered rows),
-transitions by kind and reason, the POE check, worker peak RSS.
+transitions by kind and reason, the POE check, worker peak RSS, CPU seconds per process
+(the stack's, the worker's, this driver's) and per entry.
 
 Usage: python -m benchmarks.mimic_ingest [--subjects 10019917,10031404] [--tables poe,pharmacy]
 """
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.write_path import _scrape, _vmhwm_mb, stack_with_worker
+from benchmarks.write_path import CpuMeter, _scrape, _vmhwm_mb, stack_with_worker
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -56,12 +57,14 @@ def main() -> None:
     ids = {e.entry_id for batch in iter_mimic(MIMIC, subjects=subjects, tables=tables) for e in batch}
     with stack_with_worker(home) as sw:
         settings, worker, metrics_port = sw.settings, sw.worker, sw.metrics_port
+        cpu = CpuMeter({**sw.stack_pids, "worker": worker.pid, "driver": os.getpid()})
         started = time.monotonic()
         summary = asyncio.run(publish_paths(settings, [MIMIC], subjects=subjects, tables=tables))
         published = time.monotonic() - started
         counts = asyncio.run(_consume_transitions(settings, until_entries=ids, timeout=args.timeout, show=False))
         elapsed = time.monotonic() - started
         scraped = _scrape(metrics_port)
+        spent = cpu.report(counts["entries_done"])
         states = RedisStateStore(redis_client(settings))
         check = poe_check(lambda sid: export_state(states.load(sid)), MIMIC, set(subjects) if subjects else None)
         kinds = {k: v for k, v in counts.items() if ":" in k}
@@ -76,6 +79,9 @@ def main() -> None:
             "tables": summary.sources.get("mimic-iv", {}).get("tables"),
             "poe_check": check, "stages": scraped["stages"], "stale_redo": scraped["stale_redo"],
             "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
+            "stack_peak_rss_mb": {n: _vmhwm_mb(pid) for n, pid in sw.stack_pids.items()},
+            # driver: this process (the publisher, then the transition consumer)
+            "cpu": spent,
         }
         print(json.dumps(report, indent=1))
     if tmp is not None:

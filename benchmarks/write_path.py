@@ -91,6 +91,54 @@ def _vmhwm_mb(pid: int) -> float | None:
     return None
 
 
+class CpuMeter:
+    """CPU seconds (user + system) spent by named processes, each with its live children, since the meter began.
+
+    On a machine whose cores are all busy, the entries/s a path reaches is about cores / (CPU seconds per entry
+    summed over every process it uses), so the split says where the time goes and what a ratio between two
+    paths measured on the same cores can be."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self.reset()
+
+    def reset(self) -> None:
+        """Count from now."""
+        self.started = time.monotonic()
+        self.base = self._read()
+
+    def _read(self) -> dict[str, float]:
+        import psutil
+
+        out: dict[str, float] = {}
+        for name, pid in self.pids.items():
+            try:
+                proc = psutil.Process(pid)
+                procs = [proc, *proc.children(recursive=True)]
+            except psutil.Error:
+                continue
+            total = 0.0
+            for q in procs:
+                try:
+                    t = q.cpu_times()
+                except psutil.Error:
+                    continue
+                total += t.user + t.system
+            out[name] = total
+        return out
+
+    def report(self, entries: int) -> dict[str, Any]:
+        """CPU seconds per component and in all, ms per entry, and how busy the machine's cores were."""
+        now, wall = self._read(), time.monotonic() - self.started
+        spent = {n: max(0.0, now.get(n, 0.0) - self.base.get(n, 0.0)) for n in self.pids}
+        total = sum(spent.values())
+        cores = os.cpu_count() or 1
+        return {"cpu_s": {n: round(v, 1) for n, v in spent.items()}, "cpu_s_total": round(total, 1),
+                "cpu_ms_per_entry": {n: round(1000 * v / entries, 2) for n, v in spent.items()} if entries else {},
+                "cpu_ms_per_entry_total": round(1000 * total / entries, 2) if entries else None,
+                "wall_s": round(wall, 1), "cores": cores, "cores_busy": round(total / wall, 2) if wall else None}
+
+
 def in_process(entries: list[Any], home: Path) -> dict[str, Any]:
     from stam.compose import local_deps
     from stam.embedding import Embedder
@@ -124,6 +172,8 @@ class StackWorker:
     settings: Any
     worker: subprocess.Popen[bytes]
     metrics_port: int
+    stack_pids: dict[str, int]
+    """The embedded stack's processes by name (broker, s3, redis, milvus)."""
 
 
 @contextmanager
@@ -146,7 +196,8 @@ def stack_with_worker(home: Path) -> Iterator[StackWorker]:
             worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                                       cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
             try:
-                yield StackWorker(settings, worker, metrics_port)
+                yield StackWorker(settings, worker, metrics_port,
+                                  {n: p.pid for n, p in info.processes.items()})
             finally:
                 worker.terminate()
                 try:
