@@ -92,7 +92,8 @@ def _vmhwm_mb(pid: int) -> float | None:
 
 
 class CpuMeter:
-    """CPU seconds (user + system) spent by named processes, each with its live children, since the meter began.
+    """CPU seconds (user + system) spent by named processes, each with its live children (less the named ones among
+    them: the driver starts the stack), since the meter began.
 
     On a machine whose cores are all busy, the entries/s a path reaches is about cores / (CPU seconds per entry
     summed over every process it uses), so the split says where the time goes and what a ratio between two
@@ -111,10 +112,15 @@ class CpuMeter:
         import psutil
 
         out: dict[str, float] = {}
+        named = set(self.pids.values())
         for name, pid in self.pids.items():
             try:
                 proc = psutil.Process(pid)
-                procs = [proc, *proc.children(recursive=True)]
+                procs, todo = [proc], [proc]
+                while todo:  # its children, but not another named process or what that one started
+                    kids = [k for k in todo.pop().children() if k.pid not in named]
+                    procs += kids
+                    todo += kids
             except psutil.Error:
                 continue
             total = 0.0
