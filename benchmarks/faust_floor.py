@@ -4,7 +4,7 @@ Four agents forward each message (entries -> a -> b -> c -> out) with the worker
 the last hop also produces ``--fanout`` messages per entry (the write path produces ~1.8 transitions per
 entry). Prints JSON: messages/s end to end. What the real worker reaches cannot exceed this.
 
-Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2] [--storage s3 memory]
+Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2] [--storage s3 memory] [--linger-ms 5 50]
 (``--storage``: the broker storage engines to compare, one stack each, in turn; also reports the stack's start
 time, the first message's time (the worker's group join), the broker's disk and the RSS of its processes, and the
 CPU seconds each process spent on the measured messages.)
@@ -31,11 +31,11 @@ PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]
 
 
-def worker_main(broker: str, fanout: int) -> None:
+def worker_main(broker: str, fanout: int, linger_ms: int = 5) -> None:
     import faust
 
     app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
-                    consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=5,
+                    consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=linger_ms,
                     broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3)
     topics = [app.topic(f"{PREFIX}.{h}", key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw", partitions=8) for h in HOPS]
@@ -57,8 +57,9 @@ def worker_main(broker: str, fanout: int) -> None:
     worker.execute_from_commandline()
 
 
-async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMeter | None = None) -> dict[str, Any]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5)
+async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMeter | None = None,
+                linger_ms: int = 5) -> dict[str, Any]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms)
     consumer = AIOKafkaConsumer(f"{PREFIX}.out", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 group_id=None)
     await producer.start()
@@ -97,12 +98,14 @@ def main() -> None:
                         help="size of each message (an ImpactedEntry of a coded entry is ~1-6 kB)")
     parser.add_argument("--storage", nargs="+", choices=["s3", "memory"], default=["s3"],
                         help="broker storage engine(s); several: one run each, in turn")
-    parser.add_argument("--worker", nargs=2, metavar=("BROKER", "FANOUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--linger-ms", type=int, nargs="+", default=[5],
+                        help="producer linger of the hops and the driver (the worker's is 5); several: one run each")
+    parser.add_argument("--worker", nargs=3, metavar=("BROKER", "FANOUT", "LINGER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker[0], int(args.worker[1]))
+        worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]))
         return
-    results = [_one(args, storage) for storage in args.storage]
+    results = [_one(args, storage, linger) for storage in args.storage for linger in args.linger_ms]
     print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
 
 
@@ -116,7 +119,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _one(args: argparse.Namespace, storage: str) -> dict[str, Any]:
+def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5) -> dict[str, Any]:
     from stam import stack
 
     with tempfile.TemporaryDirectory(prefix="stam-floor-") as tmp:
@@ -126,13 +129,14 @@ def _one(args: argparse.Namespace, storage: str) -> dict[str, Any]:
         up_s = time.monotonic() - t0
         log = open(home / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen([sys.executable, "-m", "benchmarks.faust_floor", "--worker", info.broker_url,
-                                   str(args.fanout)], cwd=Path(__file__).resolve().parents[1],
+                                   str(args.fanout), str(linger_ms)], cwd=Path(__file__).resolve().parents[1],
                                   env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         try:
             bootstrap = info.broker_url.split("://", 1)[1]
             cpu = CpuMeter({**{n: p.pid for n, p in info.processes.items()}, "worker": worker.pid,
                             "driver": os.getpid()})
-            result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes, cpu))
+            result = asyncio.run(drive(bootstrap, args.messages, args.fanout, b"x" * args.payload_bytes, cpu,
+                                       linger_ms))
             broker_dir = home / "broker"
             result.update(
                 storage=storage, stack_up_s=round(up_s, 1),
@@ -145,7 +149,7 @@ def _one(args: argparse.Namespace, storage: str) -> dict[str, Any]:
             log.close()
             stack.down(home)
     return {"benchmark": "faust_floor", "hops": 4, "fanout": args.fanout, "payload_bytes": args.payload_bytes,
-            **result}
+            "linger_ms": linger_ms, **result}
 
 
 if __name__ == "__main__":
