@@ -75,16 +75,16 @@ process counts."""
 
 # What is assumed where ``--feed`` does not say: measured earlier on the 2-core development machine.
 ASSUMED_FEED: dict[str, Any] = {
-    "entries_per_s": 150.0,
-    "worker_peak_rss_mb": 2700.0,
+    "entries_per_s": 155.6,
+    "worker_peak_rss_mb": 2482.2,
     "entries_held": DEMO_ENTRIES_TOTAL,
-    "stages": {"extract": {"p50_ms": 0.05, "p99_ms": 0.10}, "link": {"p50_ms": 0.05, "p99_ms": 0.10},
-               "impact": {"p50_ms": 0.08, "p99_ms": 4.7}, "update": {"p50_ms": 4.2, "p99_ms": 56.0}},
+    "stages": {"extract": {"p50_ms": 0.132, "p99_ms": 4.44}, "link": {"p50_ms": 0.098, "p99_ms": 4.80},
+               "impact": {"p50_ms": 0.584, "p99_ms": 7.20}, "update": {"p50_ms": 1.905, "p99_ms": 10.04}},
 }
 ASSUMED_FEED_WHY = (
-    "no --feed: one worker process on the 2-core dev machine, measured earlier: ~150 entries/s; update p50/p99 "
-    "4.2/56 ms and peak RSS 2.7 GB from the whole MIMIC-IV demo (298,965 entries held; README 'MIMIC-IV demo "
-    "through the embedded stack'); extract/link/impact p50/p99 from README 'Benchmarks' (Synthea, in the worker)")
+    "no --feed: the whole MIMIC-IV demo through the embedded stack with one worker process on the 2-core dev "
+    "machine (python -m benchmarks.mimic_ingest, 298,965 entries held): 155.6 entries/s, stage p50/p99 from the "
+    "worker's histograms, peak RSS 2.48 GB (README 'Cost per entry on a long record')")
 MIN_MEMORIES_FOR_SLOPE = 100_000
 """A worker's peak RSS gives its bytes per warm memory only when it held at least this many memories."""
 WORKER_BASE_RSS_MB = 700.0
@@ -330,7 +330,7 @@ def write_cost(feed: dict[str, Any] | None, *, memories_per_entry: float = 1.0) 
             ASSUMED_FEED["entries_held"] * memories_per_entry)
         source["bytes_per_warm_memory"] = "assumed" if source["entries_held"] == "assumed" else (
             f"assumed: the feed's worker held {held_memories:,.0f} memories, too few for a slope (its RSS is mostly "
-            "fixed cost); the whole-demo run's 2.7 GB at 298,965 is used")
+            "fixed cost); the whole-demo run's peak RSS at 298,965 entries is used")
     return WriteCost(entries_per_s=float(eps), per_entry_s=per_entry, sigma=sigma_update, rss_mb=float(rss),
                      entries_held=float(held), per_warm_memory_bytes=warm_bytes,
                      stage_mean_ms={k: round(v, 3) for k, v in means.items()}, source=source)

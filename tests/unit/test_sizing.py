@@ -115,17 +115,20 @@ def test_a_small_feed_gives_no_memory_slope() -> None:
     small = {"one_worker": {**FEED["one_worker"], "applied": 1000, "warmup": {"entries": 0}}}
     cost = sizing.write_cost(small)
     # 1,000 MiB over 1,000 memories would be 1 MiB each: mostly fixed cost; the whole-demo slope is used instead
-    assert cost.per_warm_memory_bytes == pytest.approx(2000 * 1024 * 1024 / 298_965)
+    demo_rss = sizing.ASSUMED_FEED["worker_peak_rss_mb"]
+    assert cost.per_warm_memory_bytes == pytest.approx((demo_rss - 700) * 1024 * 1024 / 298_965)
     assert cost.source["bytes_per_warm_memory"].startswith("assumed")
 
 
 def test_missing_feed_falls_back_to_stated_assumptions() -> None:
     cost = sizing.write_cost(None)
     assert set(cost.source.values()) == {"assumed"}
-    update = 4.2 * math.exp((math.log(56 / 4.2) / sizing.Z99) ** 2 / 2)  # log-normal mean through p50 4.2, p99 56
+    p50, p99 = (sizing.ASSUMED_FEED["stages"]["update"][k] for k in ("p50_ms", "p99_ms"))
+    update = p50 * math.exp((math.log(p99 / p50) / sizing.Z99) ** 2 / 2)  # log-normal mean through p50 and p99
     assert cost.stage_mean_ms["update"] == pytest.approx(update, abs=1e-3)
-    assert cost.per_entry_s > 1 / 150  # the stage means sum to more than 1/throughput
-    assert cost.rss_mb == 2700.0
+    means = sum(cost.stage_mean_ms.values()) / 1000
+    assert cost.per_entry_s == pytest.approx(max(1 / sizing.ASSUMED_FEED["entries_per_s"], means), abs=1e-5)
+    assert cost.rss_mb == sizing.ASSUMED_FEED["worker_peak_rss_mb"]
 
 
 def test_worker_count_from_a_tiny_feed() -> None:
