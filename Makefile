@@ -76,7 +76,7 @@ bench-mimic: setup
 	$(BIN)/python -m benchmarks.mimic_ingest
 
 # A hospital's feed: MIMIC-IV demo patients interleaved by clinical time through the stack, flat out with one and two
-# workers and at a fixed rate, with the Faust floor measured in the same run (~20 min here). JSON in .stam/bench/feed.json.
+# workers and at a fixed rate, with the Faust floor measured in the same run (~10 min here). JSON in .stam/bench/feed.json.
 bench-feed: setup
 	mkdir -p .stam/bench
 	$(BIN)/python -m benchmarks.hospital_feed | tee .stam/bench/feed.json
