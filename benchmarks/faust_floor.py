@@ -80,8 +80,8 @@ async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMet
         if cpu is not None:
             cpu.reset()
         elapsed = await run(n, "measure")
-        out: dict[str, Any] = {"messages": n, "seconds": round(elapsed, 3), "entries_per_s": round(n / elapsed, 1),
-               "first_message_s": round(first, 1)}
+        out: dict[str, Any] = {"messages": n, "seconds": round(elapsed, 3),
+                               "entries_per_s": round(n / elapsed, 1), "first_message_s": round(first, 1)}
         if cpu is not None:
             out["cpu"] = cpu.report(n)
         return out
