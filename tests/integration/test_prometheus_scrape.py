@@ -219,6 +219,21 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
         if listening:
             assert f"127.0.0.1:{port} " in listening and f"0.0.0.0:{port} " not in listening \
                 and f"*:{port} " not in listening, (port, listening)
+    # One entry of another patient first, through every stage: the stage histograms exist (and the worker's first
+    # model and store calls are paid) before the window. A rate needs two samples that differ; a warm worker can
+    # apply the whole burst between two scrapes, and then series first seen after the burst would have none.
+    first = small_bundle.entries[0]
+    warm = first.model_copy(update={"patient_id": "prom-warm-up", "entry_id": "prom-warm-up-" + first.entry_id})
+
+    async def warm_up() -> None:
+        async with Publisher(s) as pub:
+            await pub.send_entries([warm], PublishSummary())
+
+    asyncio.run(warm_up())
+    asyncio.run(_collect(s, {warm.entry_id}, timeout=300))
+    _wait("the warm-up entry's stage timings scraped", lambda: prom.instant(
+        'count(stam_stage_seconds_bucket{stage="update"})') != [], 60, *logs)
+    time.sleep(2)  # a scrape or two more of the same counts
     started = time.time()
 
     # The stream: one malformed entry (a dead letter), then the patient's 132 entries at 40/s (several batches
