@@ -34,6 +34,9 @@ HOPS = ["entries", "a", "b", "c", "out"]
 def worker_main(broker: str, fanout: int, linger_ms: int = 5) -> None:
     import faust
 
+    from stam.config import Settings
+    from stam.logs import faust_worker
+
     app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
                     consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=linger_ms,
                     broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3)
@@ -52,9 +55,7 @@ def worker_main(broker: str, fanout: int, linger_ms: int = 5) -> None:
         hop(topics[i], topics[i + 1], 1)
     hop(topics[3], topics[4], fanout)
     sys.argv = [sys.argv[0], "worker", "-l", "warning"]
-    worker = faust.Worker(app, loglevel="warning")
-    worker.spinner = None  # as the STAM worker (stam.logs.faust_worker): no root logger at DEBUG
-    worker.execute_from_commandline()
+    faust_worker(app, Settings(), "warning").execute_from_commandline()  # as the STAM worker: no spinner
 
 
 async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMeter | None = None,
