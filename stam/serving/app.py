@@ -1,8 +1,8 @@
 """The Ray Serve application: ``POST /v1/chat/completions`` and ``GET /v1/models``, OpenAI-compatible.
 
-- vLLM engine (GPU): Ray Serve's own LLM integration (``ray.serve.llm.build_openai_app`` with an
-  ``LLMConfig`` from :func:`stam.serving.config.vllm_llm_config_kwargs`): replicas, autoscaling,
-  accelerator type, guided decoding for ``response_format``.
+- vLLM engine (GPUs in production, CPUs here): :mod:`stam.serving.vllm_app`, a Serve deployment holding vLLM's
+  async engine (replicas, autoscaling, accelerator type, multi-LoRA by name, structured outputs for
+  ``response_format``; why not Ray Serve's LLM integration is said there).
 - llama.cpp engine (CPU): :class:`LlamaCppServer`, a Serve deployment holding ``llama_cpp.Llama`` on the
   GGUF file; ``response_format`` of type ``json_schema`` becomes llama.cpp's grammar-constrained
   ``json_object`` with that schema, so the output always parses against it.
@@ -18,7 +18,7 @@ from typing import Any
 # module keeps real (not postponed) annotations and imports Request at the top.
 from fastapi import Request
 
-from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine, vllm_llm_config_kwargs
+from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
 
 
 def _llama_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -94,16 +94,18 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
     return LlamaCppServer.bind(engine.model_dump())  # type: ignore[attr-defined]
 
 
-def build_vllm_app(engine: VllmEngine) -> Any:
-    from ray.serve.llm import LLMConfig, build_openai_app  # needs vLLM installed (GPU nodes)
-
-    return build_openai_app({"llm_configs": [LLMConfig(**vllm_llm_config_kwargs(engine))]})
-
-
 def build_app(config: ServingConfig) -> Any:
     if isinstance(config.engine, VllmEngine):
+        from stam.serving.vllm_app import build_vllm_app
+
         return build_vllm_app(config.engine)
     return build_llamacpp_app(config.engine)
+
+
+def build_from_args(args: dict[str, Any]) -> Any:
+    """Application builder for a Serve config file or KubeRay's ``serveConfigV2``
+    (``import_path: stam.serving.app:build_from_args``, ``args``: a :class:`ServingConfig` as a mapping)."""
+    return build_app(ServingConfig.model_validate(args))
 
 
 def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None) -> None:
@@ -112,6 +114,8 @@ def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = 
     from ray import serve
 
     if not ray.is_initialized():
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        # The vLLM replica's own log (engine start, a load failure's cause) is the server's output; llama.cpp's
+        # replica has nothing to say that the HTTP answers do not.
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=isinstance(config.engine, VllmEngine))
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(build_app(config), name="stam-llm", route_prefix=config.route_prefix, blocking=blocking)

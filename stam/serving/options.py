@@ -1,0 +1,108 @@
+"""Command-line options of the serving application, shared by ``stam serve`` and ``python -m stam.serving``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+from pathlib import Path
+
+from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
+
+DEFAULT_CPU_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
+DEFAULT_VLLM_CPU_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+DEFAULT_VLLM_GPU_MODEL = ("qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct")
+
+
+class OptionError(ValueError):
+    """A user's mistake on the command line (one clear line, no traceback)."""
+
+
+def installed_vllm_device() -> str | None:
+    """Which vLLM build is installed: ``cpu`` (vllm-cpu), ``gpu`` (vllm), or None."""
+    for dist, device in (("vllm-cpu", "cpu"), ("vllm", "gpu")):
+        try:
+            importlib.metadata.version(dist)
+            return device
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=["llamacpp", "vllm"], default="llamacpp",
+                   help="llamacpp: CPU, packaged GGUF weights (default); vllm: vLLM replicas (GPU, or CPU with "
+                   "the vllm-cpu build: make vllm-setup)")
+    p.add_argument("--model", default=None,
+                   help=f"model id clients send as 'model'. llamacpp: {DEFAULT_CPU_MODEL} (default) or "
+                   f"{DEFAULT_VLLM_CPU_MODEL}; vllm: a packaged model name (converted once to safetensors; default "
+                   f"{DEFAULT_VLLM_CPU_MODEL} on CPU) or any name with --model-source "
+                   f"(default on GPU {DEFAULT_VLLM_GPU_MODEL[0]})")
+    p.add_argument("--model-source", default=None, help="vllm: HF id or a local folder of the weights")
+    p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
+                   help="vllm: serve a peft adapter folder under NAME (repeatable); a request names it as 'model'")
+    p.add_argument("--gguf", default="", help="llamacpp: a GGUF path instead of the packaged weights")
+    p.add_argument("--threads", type=int, default=2, help="llamacpp: CPU threads of the replica (default 2)")
+    p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
+                   help="vllm: auto follows the installed build (vllm-cpu: cpu, vllm: gpu)")
+    p.add_argument("--eager", action="store_true",
+                   help="vllm: no graph capture / compilation (starts in ~30 s on CPU instead of ~3 min)")
+    p.add_argument("--max-model-len", type=int, default=None, help="vllm: context length (default 16384; "
+                   "4096 on CPU)")
+    p.add_argument("--accelerator", default="A100", help="vllm on GPU: Ray accelerator type")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="vllm on GPU: GPUs per replica")
+    p.add_argument("--min-replicas", type=int, default=1, help="vllm: autoscaling floor")
+    p.add_argument("--max-replicas", type=int, default=None, help="vllm: autoscaling ceiling (default 4 on GPU, "
+                   "1 on CPU)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+
+
+def parse_loras(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise OptionError(f"--lora {item!r}: expected NAME=PATH")
+        folder = Path(path).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise OptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
+        if name in out:
+            raise OptionError(f"--lora {name}: given twice")
+        out[name] = str(folder.resolve())
+    return out
+
+
+def config_from_args(args: argparse.Namespace) -> ServingConfig:
+    """The serving configuration the options describe (``OptionError`` for a mistake in them)."""
+    engine: LlamaCppEngine | VllmEngine
+    if args.engine == "vllm":
+        device = args.device if args.device != "auto" else (installed_vllm_device() or "gpu")
+        from stam.llm.weights import MODELS
+
+        model = args.model or (DEFAULT_VLLM_CPU_MODEL if device == "cpu" else DEFAULT_VLLM_GPU_MODEL[0])
+        if args.model_source:
+            source = args.model_source
+        elif model in MODELS:
+            source = ""
+        elif model == DEFAULT_VLLM_GPU_MODEL[0]:
+            source = DEFAULT_VLLM_GPU_MODEL[1]
+        else:
+            raise OptionError(f"--model {model}: not a packaged model ({', '.join(MODELS)}); give --model-source")
+        cpu = device == "cpu"
+        try:
+            engine = VllmEngine(
+                model_id=model, model_source=source, device=device, accelerator_type=args.accelerator,
+                tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.eager,
+                max_model_len=args.max_model_len or (4096 if cpu else 16384),
+                dtype="bfloat16" if cpu else "auto", loras=parse_loras(args.lora),
+                autoscaling={"min_replicas": args.min_replicas,
+                             "max_replicas": args.max_replicas or (1 if cpu else 4)})
+        except ValueError as exc:
+            if isinstance(exc, OptionError):
+                raise
+            raise OptionError(str(exc).splitlines()[-1] if "\n" in str(exc) else str(exc)) from exc
+    else:
+        if args.lora:
+            raise OptionError("--lora: adapters are served by the vllm engine only (--engine vllm)")
+        engine = LlamaCppEngine(model_id=args.model or DEFAULT_CPU_MODEL, gguf=args.gguf, n_threads=args.threads)
+    return ServingConfig(engine=engine, host=args.host, port=args.port)

@@ -1,0 +1,1 @@
+"""Fine-tuning the write modules with LoRA adapters (the paper's appendix "Write-Module Fine-Tuning")."""

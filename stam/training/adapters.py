@@ -1,0 +1,42 @@
+"""LoRA adapters in peft's format: the target modules of the paper's recipe, and an untrained adapter.
+
+An *untrained* adapter (both LoRA matrices random, seeded) changes a model's output without having learnt
+anything; it is what the serving checks load when no trained adapter is given, and it says so in its
+``stam_adapter.json`` (``"trained": false``). Trained adapters come from ``stam train lora``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# All attention and MLP projections of a Qwen2 / Llama-style decoder layer (the paper's recipe).
+TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+META = "stam_adapter.json"
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    """What STAM recorded about an adapter (module, base model, patients it learnt from); {} if nothing."""
+    path = Path(folder) / META
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed: int = 0) -> Path:
+    """A randomly initialised LoRA adapter for the model in ``base`` (an HF folder), saved to ``out``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    if (out / "adapter_config.json").is_file() and read_meta(out).get("seed") == seed:
+        return out
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES), lora_dropout=0.0,
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, config)
+    out.mkdir(parents=True, exist_ok=True)
+    peft_model.save_pretrained(str(out))
+    (out / META).write_text(json.dumps({"trained": False, "seed": seed, "rank": rank, "alpha": alpha,
+                                        "base": base.name, "patients": []}, indent=1) + "\n")
+    return out
