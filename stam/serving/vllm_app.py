@@ -11,7 +11,9 @@ replicas and the CPU build here, with only :class:`stam.serving.config.VllmEngin
   adapters loaded on every replica, chosen per request; requests for different adapters batch together).
   Any other name: 404, as OpenAI answers.
 - ``response_format`` ``json_schema`` (or ``json_object``): vLLM's structured outputs (xgrammar), so the
-  reply always parses against the schema, as the llama.cpp replica's grammar does.
+  reply always parses against the schema, as the llama.cpp replica's grammar does. Compact JSON (no free
+  whitespace between tokens): a model allowed any whitespace can spend its whole budget on newlines (seen
+  with an adapter here), and every token is paid for on a CPU.
 - Sampling: ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``frequency_penalty``,
   ``presence_penalty``, ``repetition_penalty``.
 - ``usage``: prompt and completion tokens, and ``seconds`` (time in the engine), as the llama.cpp replica.
@@ -43,9 +45,11 @@ def structured(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
         schema = (fmt.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             raise ValueError("response_format.json_schema.schema must be a JSON object")
-        return {"json": schema}
+        return {"json": schema, "disable_any_whitespace": True}
     if fmt.get("type") == "json_object":
-        return {"json": fmt["schema"]} if isinstance(fmt.get("schema"), dict) else {"json_object": True}
+        if isinstance(fmt.get("schema"), dict):
+            return {"json": fmt["schema"], "disable_any_whitespace": True}
+        return {"json_object": True, "disable_any_whitespace": True}
     raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
 
 

@@ -22,21 +22,29 @@ def read_meta(folder: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed: int = 0) -> Path:
-    """A randomly initialised LoRA adapter for the model in ``base`` (an HF folder), saved to ``out``."""
+def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed: int = 0,
+                      scale: float = 0.2) -> Path:
+    """A randomly initialised LoRA adapter for the model in ``base`` (an HF folder), saved to ``out``.
+
+    peft's random B matrices, times ``scale``: at full size they turn the 0.5B's output into whitespace and
+    repeated tokens; at 0.2 the output changes but stays a model's output."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    if (out / "adapter_config.json").is_file() and read_meta(out).get("seed") == seed:
+    if (out / "adapter_config.json").is_file() and read_meta(out).get("seed") == seed and read_meta(out).get("scale") == scale:
         return out
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGET_MODULES), lora_dropout=0.0,
                         init_lora_weights=False, task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, config)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.mul_(scale)
     out.mkdir(parents=True, exist_ok=True)
     peft_model.save_pretrained(str(out))
-    (out / META).write_text(json.dumps({"trained": False, "seed": seed, "rank": rank, "alpha": alpha,
+    (out / META).write_text(json.dumps({"trained": False, "seed": seed, "scale": scale, "rank": rank, "alpha": alpha,
                                         "base": base.name, "patients": []}, indent=1) + "\n")
     return out

@@ -12,7 +12,7 @@ pytest.importorskip("helm_python", reason="the deploy extra (make deploy-setup)"
 pytest.importorskip("kubernetes_validate", reason="the deploy extra (make deploy-setup)")
 
 from stam.ops import helm_check as hc  # noqa: E402
-from stam.serving.config import Autoscaling, VllmEngine, vllm_llm_config_kwargs  # noqa: E402
+from stam.serving.config import Autoscaling, ServingConfig, VllmEngine, vllm_deployment_options  # noqa: E402
 
 PRODUCTION = hc.load_values(hc.CASES["production"])
 GROUPS = {"write": {"mode": "groups"}}
@@ -177,21 +177,25 @@ def test_workers_reach_the_rayservice_model(production: list[dict[str, Any]]) ->
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
     assert (workers[0]["minReplicas"], workers[0]["maxReplicas"]) == (2, 8)
-    # serveConfigV2 carries the LLMConfig stam.serving.config builds for `stam serve --engine vllm`.
+    # serveConfigV2 carries the ServingConfig `stam serve --engine vllm` builds, for the same deployment code.
     import yaml
 
     (app,) = yaml.safe_load(ray["spec"]["serveConfigV2"])["applications"]
-    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    assert app["import_path"] == "stam.serving.app:build_from_args"
     r = PRODUCTION["rayService"]
-    engine = VllmEngine(model_id=r["model"]["id"], model_source=r["model"]["source"],
-                        accelerator_type=r["acceleratorType"], tensor_parallel_size=r["model"]["tensorParallelSize"],
-                        max_model_len=r["model"]["maxModelLen"], gpu_memory_utilization=r["model"]["gpuMemoryUtilization"],
-                        guided_decoding_backend=r["model"]["guidedDecodingBackend"],
-                        max_ongoing_requests=r["maxOngoingRequests"],
-                        autoscaling=Autoscaling(min_replicas=r["autoscaling"]["minReplicas"],
-                                                max_replicas=r["autoscaling"]["maxReplicas"],
-                                                target_ongoing_requests=r["autoscaling"]["targetOngoingRequests"]))
-    assert app["args"]["llm_configs"] == [vllm_llm_config_kwargs(engine)]
+    expected = VllmEngine(model_id=r["model"]["id"], model_source=r["model"]["source"], device="gpu",
+                          accelerator_type=r["acceleratorType"], tensor_parallel_size=r["model"]["tensorParallelSize"],
+                          max_model_len=r["model"]["maxModelLen"],
+                          gpu_memory_utilization=r["model"]["gpuMemoryUtilization"], loras=r["model"]["loras"],
+                          max_ongoing_requests=r["maxOngoingRequests"],
+                          autoscaling=Autoscaling(min_replicas=r["autoscaling"]["minReplicas"],
+                                                  max_replicas=r["autoscaling"]["maxReplicas"],
+                                                  target_ongoing_requests=r["autoscaling"]["targetOngoingRequests"]))
+    config = ServingConfig.model_validate(app["args"])  # what build_from_args reads: strict, so no stray key
+    assert config.engine == expected
+    options = vllm_deployment_options(config.engine)
+    assert options["ray_actor_options"]["num_gpus"] == r["model"]["tensorParallelSize"]
+    assert options["ray_actor_options"]["accelerator_type"] == r["acceleratorType"]
 
 
 def test_alert_rules_pass_promtool(production: list[dict[str, Any]]) -> None:

@@ -1,5 +1,5 @@
-"""Serving configuration (the vLLM path cannot run here: its config is what is tested), the OpenAI
-response_format translation for llama.cpp, the client's request body, and the weights registry."""
+"""Serving configuration (vLLM engine arguments and replica options; the engine itself runs in
+tests/integration/test_vllm_engine.py), the OpenAI request translation for both engines, the client's request body, and the weights registry."""
 
 from __future__ import annotations
 
@@ -9,20 +9,78 @@ from pydantic import ValidationError
 from stam.errors import WeightsError
 from stam.llm.client import LLMClient
 from stam.llm.weights import MODELS, ensure_gguf
-from stam.serving.config import Autoscaling, LlamaCppEngine, ServingConfig, VllmEngine, vllm_llm_config_kwargs
+from stam.serving.config import (
+    Autoscaling,
+    LlamaCppEngine,
+    ServingConfig,
+    VllmEngine,
+    vllm_deployment_options,
+    vllm_engine_kwargs,
+)
 
 
-def test_vllm_engine_maps_to_ray_serve_llm_config() -> None:
+def test_vllm_engine_maps_to_engine_args_and_replica_options() -> None:
     engine = VllmEngine(model_id="qwen", model_source="/models/qwen", accelerator_type="A100",
                         autoscaling=Autoscaling(min_replicas=2, max_replicas=8, target_ongoing_requests=32),
-                        tensor_parallel_size=2)
-    kw = vllm_llm_config_kwargs(engine)
-    assert kw["accelerator_type"] == "A100"
-    assert kw["model_loading_config"] == {"model_id": "qwen", "model_source": "/models/qwen"}
-    assert kw["deployment_config"]["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 8,
-                                                             "target_ongoing_requests": 32}
-    assert kw["engine_kwargs"]["tensor_parallel_size"] == 2
-    assert kw["engine_kwargs"]["guided_decoding_backend"] == "xgrammar"
+                        tensor_parallel_size=2, loras={"extract": "/adapters/extract"})
+    kw = vllm_engine_kwargs(engine, "/models/qwen")
+    assert kw["model"] == "/models/qwen" and kw["served_model_name"] == "qwen"
+    assert kw["tensor_parallel_size"] == 2 and kw["gpu_memory_utilization"] == 0.9
+    assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"]) == (True, 1, 32)
+    opts = vllm_deployment_options(engine)
+    assert opts["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 8, "target_ongoing_requests": 32}
+    assert opts["ray_actor_options"]["num_gpus"] == 2 and opts["ray_actor_options"]["accelerator_type"] == "A100"
+    assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {}}
+    cpu = VllmEngine(model_id="m", model_source="", device="cpu", cpu_kvcache_gib=3)
+    assert "gpu_memory_utilization" not in vllm_engine_kwargs(cpu, "/p") and "enable_lora" not in vllm_engine_kwargs(cpu, "/p")
+    cpu_opts = vllm_deployment_options(cpu)["ray_actor_options"]
+    assert "num_gpus" not in cpu_opts
+    assert cpu_opts["runtime_env"]["env_vars"] == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "auto",
+                                                   "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+    with pytest.raises(ValidationError, match="adapter names"):
+        VllmEngine(model_id="m", loras={"m": "/a"})
+    with pytest.raises(ValidationError, match="adapter names"):
+        VllmEngine(model_id="m", loras={"a:b": "/a"})
+
+
+def test_vllm_request_translation() -> None:
+    from stam.serving.vllm_app import sampling_kwargs, structured
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    assert structured({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) == {
+        "json": schema, "disable_any_whitespace": True}
+    assert structured({"type": "json_object"}) == {"json_object": True, "disable_any_whitespace": True}
+    assert structured(None) is None and structured({"type": "text"}) is None
+    with pytest.raises(ValueError, match="unsupported"):
+        structured({"type": "regex"})
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        structured({"type": "json_schema", "json_schema": {"name": "x"}})
+    assert sampling_kwargs({"max_tokens": 7, "repetition_penalty": 1.1, "seed": 3}) == {
+        "max_tokens": 7, "temperature": 0.0, "repetition_penalty": 1.1, "seed": 3}
+    with pytest.raises(ValueError, match="at least 1"):
+        sampling_kwargs({"max_tokens": -2})
+
+
+def test_serve_options_pick_the_engine_the_model_and_its_source() -> None:
+    import argparse
+
+    from stam.serving.options import OptionError, add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = config_from_args(p.parse_args(["--engine", "vllm", "--device", "cpu", "--eager"]))
+    assert isinstance(cfg.engine, VllmEngine)
+    assert (cfg.engine.model_id, cfg.engine.model_source) == ("qwen2.5-coder-0.5b-instruct-q4_k_m", "")
+    assert (cfg.engine.max_model_len, cfg.engine.dtype, cfg.engine.enforce_eager) == (4096, "bfloat16", True)
+    gpu = config_from_args(p.parse_args(["--engine", "vllm", "--device", "gpu"])).engine
+    assert isinstance(gpu, VllmEngine)
+    assert (gpu.model_source, gpu.autoscaling.max_replicas) == ("Qwen/Qwen2.5-7B-Instruct", 4)
+    with pytest.raises(OptionError, match="give --model-source"):
+        config_from_args(p.parse_args(["--engine", "vllm", "--model", "mine"]))
+    with pytest.raises(OptionError, match="NAME=PATH"):
+        config_from_args(p.parse_args(["--engine", "vllm", "--lora", "extract"]))
+    with pytest.raises(OptionError, match="vllm engine only"):
+        config_from_args(p.parse_args(["--lora", "a=/b"]))
 
 
 def test_serving_config_is_strict_and_discriminated() -> None:

@@ -1,0 +1,122 @@
+"""The vLLM engine end to end whenever vLLM is installed (``make vllm-setup``; ``.ci/run`` installs it): the
+project's Ray Serve app holding vLLM's async engine on the packaged 0.5B (converted to safetensors), a LoRA
+adapter served by name, structured output the model reasoner validates, and the server's refusals."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stam.serving.check import NOTE_ID, note_text
+
+pytestmark = pytest.mark.integration
+MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from stam.serving.options import installed_vllm_device
+
+    if installed_vllm_device() is None:
+        pytest.skip("vLLM is not installed (make vllm-setup installs the CPU build; .ci/run does)")
+    pytest.importorskip("peft", reason="the train extra is not installed (make vllm-setup installs it)")
+    from stam.errors import WeightsError
+    from stam.llm.convert import ensure_hf
+    from stam.training.adapters import untrained_adapter
+
+    try:
+        base = ensure_hf(MODEL)
+    except WeightsError as exc:
+        pytest.skip(str(exc))
+    adapter = untrained_adapter(base, tmp_path_factory.mktemp("adapter") / "extract", seed=7)
+    import ray
+    from ray import serve
+
+    from stam.serving.app import run
+    from stam.serving.config import ServingConfig, VllmEngine
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = VllmEngine(model_id=MODEL, model_source="", device=installed_vllm_device(), enforce_eager=True,
+                        max_model_len=4096, dtype="bfloat16", loras={"extract": str(adapter)},
+                        autoscaling={"min_replicas": 1, "max_replicas": 1})
+    run(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2)
+    yield f"http://127.0.0.1:{port}/v1"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_the_reasoner_gets_validated_facts_from_vllm_and_the_adapter_changes_them(served: str) -> None:
+    from schemas import RecordEntry
+    from stam.llm.client import LLMClient
+    from stam.reasoning import prompts
+    from stam.reasoning.model import ModelReasoner
+
+    text = note_text()
+    entry = RecordEntry.model_validate({"entry_id": f"note-{NOTE_ID}", "patient_id": "vllm-test-patient",
+                                        "source": "fhir-r4", "source_ref": f"DocumentReference/{NOTE_ID}",
+                                        "resource_type": "DocumentReference", "text": text, "recorded_at": "2020-01-01T00:00:00Z",
+                                        "effective_at": "2020-01-01T00:00:00Z"})
+    base = ModelReasoner(LLMClient(served, MODEL, timeout_s=600, retries=0), extract_max_tokens=600)
+    memories = base.extract(entry)
+    names = " ".join(m.text.lower() for m in memories)
+    assert base.stats.facts >= 2, memories
+    assert "ibuprofen" in names or "nitrofurantoin" in names, names
+    assert base.usage["extraction"].completion_tokens > 0
+
+    # The same request through the adapter: still a reply the schema and the model accept, and not the same.
+    messages = prompts.extract_messages(text)
+    body = LLMClient(served, "extract").body(messages, schema=prompts.schema(prompts.Extraction),
+                                            schema_name="Extraction", max_tokens=300, temperature=0)
+    status, tuned = _post(f"{served}/chat/completions", body)
+    assert status == 200, tuned
+    assert tuned["model"] == "extract"
+    prompts.Extraction.model_validate_json(tuned["choices"][0]["message"]["content"])
+    status, plain = _post(f"{served}/chat/completions", {**body, "model": MODEL})
+    assert status == 200
+    assert plain["choices"][0]["message"]["content"] != tuned["choices"][0]["message"]["content"]
+    assert tuned["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] > 300
+
+
+def test_models_lists_the_adapters_and_bad_requests_are_refused(served: str) -> None:
+    models = json.loads(urllib.request.urlopen(f"{served}/models", timeout=30).read())
+    assert [m["id"] for m in models["data"]] == [MODEL, "extract"]
+    assert models["data"][1]["parent"] == MODEL
+    hello = [{"role": "user", "content": "Say hello."}]
+    status, err = _post(f"{served}/chat/completions", {"model": "link", "messages": hello})
+    assert status == 404 and "not served here" in err["detail"]
+    status, err = _post(f"{served}/chat/completions", {"model": MODEL, "messages": hello,
+                                                       "response_format": {"type": "regex"}})
+    assert status == 400 and "unsupported response_format" in err["detail"]
+    status, err = _post(f"{served}/chat/completions", {"model": MODEL, "messages": []})
+    assert status == 400
+    status, ok = _post(f"{served}/chat/completions", {"model": MODEL, "messages": hello, "max_tokens": 8})
+    assert status == 200 and 0 < ok["usage"]["completion_tokens"] <= 8
+    assert ok["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_an_adapter_folder_is_checked_on_the_command_line(tmp_path: Path) -> None:
+    import argparse
+
+    from stam.serving.options import OptionError, add_arguments, config_from_args
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    with pytest.raises(OptionError, match="not a peft adapter folder"):
+        config_from_args(p.parse_args(["--engine", "vllm", "--lora", f"extract={tmp_path}"]))
