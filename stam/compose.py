@@ -82,11 +82,20 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
     if announce:
         log.info("free text is decomposed by the language model at %s (model %s)", settings.llm_url,
                  settings.llm_model)
+    trace = None
+    if settings.llm_trace_path is not None:
+        from stam.training.traces import TraceWriter
+
+        trace = TraceWriter(settings.llm_trace_path)
+        if announce:
+            log.warning("every validated model call is recorded as a teacher trace in %s (patient data)",
+                        settings.llm_trace_path)
     return Router(CodedReasoner(), ModelReasoner(
         client, attempts=settings.llm_attempts, max_current=settings.llm_max_current,
         max_past=settings.llm_max_past, min_score=settings.llm_min_score, extract_max_tokens=settings.llm_extract_max_tokens,
         repetition_penalty=settings.llm_repetition_penalty,
-        parallel=settings.llm_concurrency))
+        parallel=settings.llm_concurrency,
+        models={"extraction": settings.llm_extract_model, "link+update": settings.llm_judge_model}, trace=trace))
 
 
 def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce: bool = False) -> Deps:

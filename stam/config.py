@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     llm_url: str = Field(default="", description="OpenAI-compatible base URL of the reasoning model (the Ray "
                          "Serve app: http://127.0.0.1:8000/v1); empty: notes are kept verbatim, not decomposed")
     llm_model: str = Field(default="qwen2.5-coder-1.5b-instruct-q4_k_m", description="Model name sent to it")
+    llm_extract_model: str = Field(default="", description="Model name for extraction calls (a LoRA adapter the "
+                                   "endpoint serves by name, e.g. `extract`); empty: llm_model")
+    llm_judge_model: str = Field(default="", description="Model name for link+update calls (e.g. the `update` "
+                                 "adapter); empty: llm_model")
+    llm_trace_path: Path | None = Field(default=None, description="Record every validated model call here as a "
+                                        "teacher trace (JSON lines, mode 0600: it holds note text and patient ids)")
     llm_api_key: SecretStr | None = None
     llm_timeout_s: float = Field(default=600.0, gt=0, description="Per call (a long note on CPU takes minutes)")
     llm_retries: int = Field(default=2, ge=0, description="Retries of a failed call (connection, 429, 5xx)")

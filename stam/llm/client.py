@@ -74,8 +74,9 @@ class LLMClient:
         self.usage = Usage()
 
     def body(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None, schema_name: str,
-             max_tokens: int, temperature: float, sampling: dict[str, float] | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
+             max_tokens: int, temperature: float, sampling: dict[str, float] | None = None,
+             model: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model or self.model, "messages": messages, "max_tokens": max_tokens,
                                 "temperature": temperature, **(sampling or {})}
         if schema is not None:
             body["response_format"] = {"type": "json_schema",
@@ -84,11 +85,12 @@ class LLMClient:
 
     def chat(self, messages: list[dict[str, str]], *, schema: dict[str, Any] | None = None,
              schema_name: str = "output", max_tokens: int = 512, temperature: float = 0.0,
-             sampling: dict[str, float] | None = None) -> ChatResult:
+             sampling: dict[str, float] | None = None, model: str | None = None) -> ChatResult:
         """One chat completion. ``sampling``: extra sampling fields (``repetition_penalty``, accepted by vLLM
-        and by the Ray Serve llama.cpp replica; ``frequency_penalty`` / ``presence_penalty``, OpenAI's)."""
+        and by the Ray Serve llama.cpp replica; ``frequency_penalty`` / ``presence_penalty``, OpenAI's).
+        ``model``: another name than the client's for this call (a LoRA adapter the endpoint serves by name)."""
         payload = json.dumps(self.body(messages, schema=schema, schema_name=schema_name, max_tokens=max_tokens,
-                                       temperature=temperature, sampling=sampling)).encode()
+                                       temperature=temperature, sampling=sampling, model=model)).encode()
         headers = {"Content-Type": "application/json"}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"

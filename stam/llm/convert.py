@@ -52,7 +52,7 @@ def ensure_hf(name: str) -> Path:
                                                   quantization_config=GgufConfig(dequantize=True))
     config = loaded.config
     config.name_or_path = name
-    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)  # type: ignore[no-untyped-call]
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     if missing or unexpected:
         raise WeightsError(f"{name}: converted weights do not fit the model (missing {missing[:5]}, "

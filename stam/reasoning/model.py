@@ -21,6 +21,10 @@ endpoint is not the entry's fault: ``LLMUnavailable`` makes the worker hold the 
 
 Replies are cached by prompt (bounded LRU, in this process only), so a batch the worker re-runs one entry
 at a time to isolate a fault does not pay for its model calls twice.
+
+Each kind of call can go to its own model name (``models``: a LoRA adapter the endpoint serves by name,
+``stam serve --lora extract=... --lora update=...``), and every validated call can be recorded as a teacher
+trace (``trace``, :mod:`stam.training.traces`).
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from stam.reasoning import prompts
 from stam.reasoning.base import Candidate
 from stam.reasoning.coded import terminal_reason, verbatim_memory
 from stam.state import PatientState
+from stam.training.traces import MODULE_OF, Trace
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -68,6 +73,7 @@ CATEGORY: dict[str, Category] = {
 }
 _STATUS_PHRASE = {"active": "current", "history": "past history", "negated": "absent (negated)"}
 _WORD = re.compile(r"[a-z0-9]+")
+_PURPOSE = {"extraction": prompts.EXTRACT.purpose, "link+update": prompts.JUDGE.purpose}
 
 
 @dataclass
@@ -127,7 +133,8 @@ class ModelReasoner:
 
     def __init__(self, client: LLMClient, *, attempts: int = 3, max_current: int = 10, max_past: int = 4,
                  min_score: float = 0.35, extract_max_tokens: int = 1500, judge_max_tokens: int = 256,
-                 repetition_penalty: float = 1.0, parallel: int = 4, cache_size: int = 4096) -> None:
+                 repetition_penalty: float = 1.0, parallel: int = 4, cache_size: int = 4096,
+                 models: dict[str, str] | None = None, trace: Callable[[Trace], None] | None = None) -> None:
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         self.client = client
@@ -150,6 +157,12 @@ class ModelReasoner:
         self._stats_lock = threading.Lock()
         self.prompts = {p.purpose: p.id for p in (prompts.EXTRACT, prompts.JUDGE)}
         """The prompt versions this reasoner sends (``stam.llm.prompt``), for reports."""
+        unknown = set(models or {}) - set(MODULE_OF)
+        if unknown:
+            raise ValueError(f"models: unknown kinds of call {sorted(unknown)} (known: {sorted(MODULE_OF)})")
+        self.models = {k: v for k, v in (models or {}).items() if v}
+        """Model name per kind of call (``extraction``, ``link+update``); absent: the client's model."""
+        self.trace = trace
 
     def _count(self, **inc: int) -> None:
         with self._stats_lock:
@@ -159,8 +172,10 @@ class ModelReasoner:
     # --- the one way a call is made: constrained, validated, retried, cached ----------------------------
 
     def _ask(self, messages: list[dict[str, str]], model: type[T], *, max_tokens: int, what: str,
-             check: Callable[[T], None] | None = None, sampling: dict[str, float] | None = None) -> T:
-        key = hashlib.sha256(json.dumps([model.__name__, messages], sort_keys=True).encode()).hexdigest()
+             check: Callable[[T], None] | None = None, sampling: dict[str, float] | None = None,
+             entry: RecordEntry | None = None) -> T:
+        served = self.models.get(what)
+        key = hashlib.sha256(json.dumps([model.__name__, served, messages], sort_keys=True).encode()).hexdigest()
         cached = self._cache.get(key)
         if cached is not None:
             return model.model_validate_json(cached)
@@ -168,9 +183,9 @@ class ModelReasoner:
         convo = list(messages)
         raw = ""
         problem = ""
-        for _attempt in range(self.attempts):
+        for attempt in range(1, self.attempts + 1):
             result = self.client.chat(convo, schema=schema, schema_name=model.__name__, max_tokens=max_tokens,
-                                      sampling=sampling)
+                                      sampling=sampling, model=served)
             self.usage[what].add(result)
             raw = result.content
             try:
@@ -189,6 +204,13 @@ class ModelReasoner:
                                                      "valid JSON only."}]
                 continue
             self._cache.put(key, raw)
+            if self.trace is not None:
+                # The teacher's final, validated answer to the original prompt (not the retry conversation).
+                self.trace(Trace(module=MODULE_OF[what], purpose=what, prompt_id=self.prompts[_PURPOSE[what]],
+                                 model=served or self.client.model, schema_name=model.__name__,
+                                 messages=list(messages), reply=raw, attempts=attempt,
+                                 entry_id=entry.entry_id if entry else None,
+                                 patient_id=entry.patient_id if entry else None))
             return parsed
         raise ReasoningError(f"{what}: no valid reply in {self.attempts} attempts ({problem}); raw model "
                              f"output: {raw[:2000]!r}")
@@ -202,7 +224,7 @@ class ModelReasoner:
         out = self._ask(prompts.extract_messages(text, context), prompts.Extraction,
                         max_tokens=self.extract_max_tokens, what="extraction",
                         sampling={"repetition_penalty": self.repetition_penalty}
-                        if self.repetition_penalty != 1.0 else None)
+                        if self.repetition_penalty != 1.0 else None, entry=entry)
         note_words = set(_words(text))
         seen: set[tuple[str, str, str]] = set()
         memories: list[AtomicMemory] = []
@@ -287,7 +309,8 @@ class ModelReasoner:
                 raise ValueError(f"numbers {bad} are not CURRENT facts (1-{n_current})")
 
         self._count(judge_calls=1)
-        j = self._ask(messages, prompts.Judgement, max_tokens=self.judge_max_tokens, what="link+update", check=check)
+        j = self._ask(messages, prompts.Judgement, max_tokens=self.judge_max_tokens, what="link+update", check=check,
+                      entry=entry)
         mid = memory.memory_id
         relations: dict[tuple[str, RelationType], Relation] = {}
         for link in j.links:

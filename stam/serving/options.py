@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 from pathlib import Path
+from typing import Literal
 
-from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
+from stam.serving.config import Autoscaling, LlamaCppEngine, ServingConfig, VllmEngine
 
 DEFAULT_CPU_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DEFAULT_VLLM_CPU_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
@@ -76,7 +77,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
     """The serving configuration the options describe (``OptionError`` for a mistake in them)."""
     engine: LlamaCppEngine | VllmEngine
     if args.engine == "vllm":
-        device = args.device if args.device != "auto" else (installed_vllm_device() or "gpu")
+        device: Literal["gpu", "cpu"] = "cpu" if (args.device if args.device != "auto" else installed_vllm_device()) \
+            == "cpu" else "gpu"
         from stam.llm.weights import MODELS
 
         model = args.model or (DEFAULT_VLLM_CPU_MODEL if device == "cpu" else DEFAULT_VLLM_GPU_MODEL[0])
@@ -95,8 +97,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
                 tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.eager,
                 max_model_len=args.max_model_len or (4096 if cpu else 16384),
                 dtype="bfloat16" if cpu else "auto", loras=parse_loras(args.lora),
-                autoscaling={"min_replicas": args.min_replicas,
-                             "max_replicas": args.max_replicas or (1 if cpu else 4)})
+                autoscaling=Autoscaling(min_replicas=args.min_replicas,
+                                        max_replicas=args.max_replicas or (1 if cpu else 4)))
         except ValueError as exc:
             if isinstance(exc, OptionError):
                 raise

@@ -32,7 +32,8 @@ def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    if (out / "adapter_config.json").is_file() and read_meta(out).get("seed") == seed and read_meta(out).get("scale") == scale:
+    meta = read_meta(out)
+    if (out / "adapter_config.json").is_file() and (meta.get("seed"), meta.get("scale")) == (seed, scale):
         return out
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base), dtype=torch.bfloat16)

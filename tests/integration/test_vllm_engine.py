@@ -71,8 +71,8 @@ def test_the_reasoner_gets_validated_facts_from_vllm_and_the_adapter_changes_the
     text = note_text()
     entry = RecordEntry.model_validate({"entry_id": f"note-{NOTE_ID}", "patient_id": "vllm-test-patient",
                                         "source": "fhir-r4", "source_ref": f"DocumentReference/{NOTE_ID}",
-                                        "resource_type": "DocumentReference", "text": text, "recorded_at": "2020-01-01T00:00:00Z",
-                                        "effective_at": "2020-01-01T00:00:00Z"})
+                                        "resource_type": "DocumentReference", "text": text,
+                                        "recorded_at": "2020-01-01T00:00:00Z", "effective_at": "2020-01-01T00:00:00Z"})
     base = ModelReasoner(LLMClient(served, MODEL, timeout_s=600, retries=0), extract_max_tokens=600)
     memories = base.extract(entry)
     names = " ".join(m.text.lower() for m in memories)

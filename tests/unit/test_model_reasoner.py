@@ -237,3 +237,43 @@ def test_a_fact_stated_as_current_is_not_put_behind_older_facts() -> None:
     late = new.model_copy(update={"effective_start": datetime(1990, 1, 1, tzinfo=UTC)})  # a late arrival
     client.replies.append({"new_is": "past", "past_reason": "superseded"})
     assert r.update(note(), late, [older]).placement is Store.HISTORY
+
+
+class Named(Scripted):
+    """A scripted endpoint that also records the model name each call asked for."""
+
+    model = "base-model"
+
+    def __init__(self, *replies: Any) -> None:
+        super().__init__(*replies)
+        self.models: list[str | None] = []
+
+    def chat(self, messages: list[dict[str, str]], **kw: Any) -> ChatResult:
+        self.models.append(kw.get("model"))
+        return super().chat(messages, **kw)
+
+
+def test_each_kind_of_call_names_its_adapter_and_validated_calls_become_traces(tmp_path: Any) -> None:
+    from stam.training.traces import TraceWriter, read_traces
+
+    path = tmp_path / "traces" / "t.jsonl"
+    writer = TraceWriter(path)
+    client = Named("not json", {"facts": [fact("medication", "lisinopril 10 mg oral tablet")]},
+                   {"links": [], "ended": [{"n": 1, "reason": "superseded"}], "new_is": "current"})
+    r = reasoner(client, models={"extraction": "extract", "link+update": ""}, trace=writer)
+    entry = note()
+    (mem,) = r.extract(entry)
+    r.update(entry, mem, [stored("old", "Medication: lisinopril 5 mg oral tablet; current")])
+    writer.close()
+    # extraction (an invalid reply, then a valid one) through the extract adapter; the judgement on the base model
+    assert client.models == ["extract", "extract", None]
+    ex, judge = list(read_traces(path))
+    assert (ex.module, ex.purpose, ex.model, ex.attempts) == ("extract", "extraction", "extract", 2)
+    assert ex.prompt_id.startswith("extract/v1-") and ex.schema_name == "Extraction"
+    assert ex.messages == client.calls[0] and "lisinopril" in ex.reply  # the original prompt, the valid reply
+    assert (ex.entry_id, ex.patient_id) == ("note-1", "p1")
+    assert (judge.module, judge.model, judge.attempts, judge.patient_id) == ("update", "base-model", 1, "p1")
+    assert judge.prompt_id.startswith("judge/v1-")
+    assert (path.stat().st_mode & 0o777) == 0o600
+    with pytest.raises(ValueError, match="unknown kinds of call"):
+        reasoner(Scripted(), models={"extract": "x"})

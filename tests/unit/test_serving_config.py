@@ -1,5 +1,6 @@
 """Serving configuration (vLLM engine arguments and replica options; the engine itself runs in
-tests/integration/test_vllm_engine.py), the OpenAI request translation for both engines, the client's request body, and the weights registry."""
+tests/integration/test_vllm_engine.py), the OpenAI request translation for both engines, the client's request
+body, and the weights registry."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def test_vllm_engine_maps_to_engine_args_and_replica_options() -> None:
     assert opts["ray_actor_options"]["num_gpus"] == 2 and opts["ray_actor_options"]["accelerator_type"] == "A100"
     assert opts["ray_actor_options"]["runtime_env"] == {"env_vars": {}}
     cpu = VllmEngine(model_id="m", model_source="", device="cpu", cpu_kvcache_gib=3)
-    assert "gpu_memory_utilization" not in vllm_engine_kwargs(cpu, "/p") and "enable_lora" not in vllm_engine_kwargs(cpu, "/p")
+    cpu_kw = vllm_engine_kwargs(cpu, "/p")
+    assert "gpu_memory_utilization" not in cpu_kw and "enable_lora" not in cpu_kw
     cpu_opts = vllm_deployment_options(cpu)["ray_actor_options"]
     assert "num_gpus" not in cpu_opts
     assert cpu_opts["runtime_env"]["env_vars"] == {"VLLM_CPU_KVCACHE_SPACE": "3", "VLLM_CPU_OMP_THREADS_BIND": "auto",
