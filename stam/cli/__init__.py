@@ -15,7 +15,9 @@
   stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
   stam gate build-set|calibrate the store gate's calibration
-  stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve)
+  stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve;
+                                vllm: --lora NAME=PATH serves adapters by name)
+  stam train traces|lora        teacher traces over notes (split by patient); a write module's LoRA adapter
   stam demo                     all of the above on one real Synthea patient
   stam eval state               write-time state diagnostics (MIMIC-IV or Synthea gold, ablation variants, plot)
   stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
@@ -43,6 +45,7 @@ from stam.cli import (
     serve,
     stack,
     state,
+    train,
     transitions,
     worker,
 )
@@ -54,7 +57,8 @@ __all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "m
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
-GROUPS = (stack, worker, publish, query, serve, transitions, state, deadletters, erasure, deletion, demo, evaluate)
+GROUPS = (stack, worker, publish, query, serve, train, transitions, state, deadletters, erasure, deletion, demo,
+          evaluate)
 
 
 def version() -> str:

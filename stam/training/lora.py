@@ -1,0 +1,216 @@
+"""``stam train lora``: one LoRA adapter per write module, trained with peft on teacher traces.
+
+The paper's recipe (appendix "Write-Module Fine-Tuning") is the default: rank 32, alpha 64, dropout 0.05 on all
+attention and MLP projections, learning rate 1e-4 with a linear warm-up over the first 3% of steps (then linear
+decay), gradient clipping at 1.0, an effective batch of 8 (micro-batches of 1, gradients accumulated), at most two
+epochs, cross-entropy on the teacher's response tokens only (the prompt is masked from the loss).
+
+Inputs are the traces of ``stam train traces`` (``train.jsonl`` and ``val.jsonl``, split by patient), filtered
+to the module. Each trace becomes the chat template of its messages plus the teacher's reply. Validation loss is
+measured before training and after every epoch; each epoch is saved as a checkpoint and the best one (lowest
+validation loss) becomes the adapter. The adapter folder records the base model, the module, the recipe and the
+patients whose traces it learnt from (``stam_adapter.json``), so erasing a patient can find it.
+
+Runs on a CUDA GPU when torch sees one (bf16), else on CPU (float32: bf16 matmuls are slow on AVX2 CPUs).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stam.training.adapters import META, TARGET_MODULES
+from stam.training.traces import MODULE_OF, Trace, read_traces
+
+IGNORE = -100
+MODULES = sorted(set(MODULE_OF.values()))
+
+
+@dataclass(frozen=True)
+class Recipe:
+    rank: int = 32
+    alpha: int = 64
+    dropout: float = 0.05
+    learning_rate: float = 1e-4
+    warmup_ratio: float = 0.03
+    max_grad_norm: float = 1.0
+    batch_size: int = 8
+    """Effective batch: micro-batches of one trace, gradients accumulated over this many."""
+    epochs: int = 2
+    max_steps: int = 0
+    """Stop after this many optimiser steps (0: the epochs decide); for smoke runs."""
+    max_length: int = 2048
+    """Longer examples are dropped (counted in the report), never truncated into a reply without its end."""
+    seed: int = 0
+    target_modules: tuple[str, ...] = field(default=TARGET_MODULES)
+
+
+class TrainingError(ValueError):
+    """A problem with the inputs of a training run (one line for the command line)."""
+
+
+def load_split(folder: Path, split: str, module: str) -> list[Trace]:
+    path = Path(folder) / f"{split}.jsonl"
+    if not path.is_file():
+        raise TrainingError(f"{path} not found (stam train traces writes train.jsonl and val.jsonl)")
+    return [t for t in read_traces(path) if t.module == module]
+
+
+def encode(tokenizer: Any, trace: Trace) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + reply, and labels with the prompt masked (loss on the reply only)."""
+    prompt = tokenizer.apply_chat_template(trace.messages, tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template([*trace.messages, {"role": "assistant", "content": trace.reply}],
+                                         tokenize=False)
+    if not full.startswith(prompt):
+        raise TrainingError("the chat template does not extend the prompt with the reply; cannot mask the prompt")
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    r_ids = tokenizer(full[len(prompt):], add_special_tokens=False)["input_ids"]
+    return p_ids + r_ids, [IGNORE] * len(p_ids) + r_ids
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process (Linux reports KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Recipe(), *,
+          base_name: str = "", progress: bool = True) -> dict[str, Any]:
+    """Train the ``module`` adapter on ``traces`` over the HF model in ``base``; returns the report."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_name = base_name or base.name.removesuffix(".hf")  # stam.llm.convert names folders <model>.hf
+    if module not in MODULES:
+        raise TrainingError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
+    train_traces, val_traces = load_split(traces, "train", module), load_split(traces, "val", module)
+    if not train_traces:
+        raise TrainingError(f"no {module} traces in {traces}/train.jsonl")
+    random.seed(recipe.seed)
+    torch.manual_seed(recipe.seed)
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    tokenizer = AutoTokenizer.from_pretrained(str(base))
+
+    def examples(items: list[Trace]) -> tuple[list[tuple[list[int], list[int]]], int]:
+        kept, dropped = [], 0
+        for t in items:
+            ids, labels = encode(tokenizer, t)
+            if len(ids) > recipe.max_length:
+                dropped += 1
+                continue
+            kept.append((ids, labels))
+        return kept, dropped
+
+    train_set, train_dropped = examples(train_traces)
+    val_set, val_dropped = examples(val_traces)
+    if not train_set:
+        raise TrainingError(f"every {module} training trace is longer than max_length {recipe.max_length}")
+    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
+    model.to(device)
+    model.config.use_cache = False
+    config = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
+                        target_modules=list(recipe.target_modules), task_type="CAUSAL_LM")
+    model = get_peft_model(model, config)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    steps_per_epoch = math.ceil(len(train_set) / recipe.batch_size)
+    total_steps = steps_per_epoch * recipe.epochs
+    if recipe.max_steps:
+        total_steps = min(total_steps, recipe.max_steps)
+    warmup = max(1, math.ceil(recipe.warmup_ratio * total_steps))
+    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.learning_rate)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
+
+    def loss_of(ids: list[int], labels: list[int]) -> Any:
+        x = torch.tensor([ids], device=device)
+        y = torch.tensor([labels], device=device)
+        return model(input_ids=x, labels=y).loss
+
+    def validate() -> float | None:
+        if not val_set:
+            return None
+        model.eval()
+        with torch.no_grad():
+            total = sum(float(loss_of(i, lab)) for i, lab in val_set)
+        model.train()
+        return round(total / len(val_set), 4)
+
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    history: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "val_loss": validate()}]
+    best: tuple[float, int] | None = None
+    step = 0
+    step_seconds: list[float] = []
+    bar = tqdm(total=total_steps, desc=f"lora {module}", unit="step", file=sys.stderr, disable=not progress)
+    model.train()
+    out.mkdir(parents=True, exist_ok=True)
+    for epoch in range(1, recipe.epochs + 1):
+        if step >= total_steps:
+            break
+        order = list(range(len(train_set)))
+        random.shuffle(order)
+        losses: list[float] = []
+        for start in range(0, len(order), recipe.batch_size):
+            if step >= total_steps:
+                break
+            t0 = time.perf_counter()
+            batch = order[start:start + recipe.batch_size]
+            optimiser.zero_grad()
+            batch_loss = 0.0
+            for i in batch:
+                loss = loss_of(*train_set[i]) / len(batch)
+                loss.backward()
+                batch_loss += float(loss.detach())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
+            optimiser.step()
+            scheduler.step()
+            step += 1
+            losses.append(batch_loss)
+            step_seconds.append(time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{batch_loss:.3f}")
+        val = validate()
+        checkpoint = out / f"checkpoint-epoch{epoch}"
+        model.save_pretrained(str(checkpoint))
+        history.append({"epoch": epoch, "step": step, "train_loss": round(sum(losses) / max(1, len(losses)), 4),
+                        "val_loss": val, "checkpoint": checkpoint.name})
+        score = val if val is not None else history[-1]["train_loss"]
+        if best is None or score < best[0]:
+            best = (score, epoch)
+    bar.close()
+    assert best is not None
+    chosen = out / f"checkpoint-epoch{best[1]}"
+    # The adapter itself: the best checkpoint's files at the top of the folder.
+    for f in chosen.iterdir():
+        if f.is_file():
+            (out / f.name).write_bytes(f.read_bytes())
+    patients = sorted({t.patient_id for t in train_traces if t.patient_id})
+    val_patients = sorted({t.patient_id for t in val_traces if t.patient_id})
+    report: dict[str, Any] = {
+        "module": module, "base": base_name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
+        "recipe": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(recipe).items()},
+        "trainable_parameters": trainable, "train_traces": len(train_set), "val_traces": len(val_set),
+        "dropped_too_long": {"train": train_dropped, "val": val_dropped},
+        "steps": step, "steps_per_epoch": steps_per_epoch, "warmup_steps": warmup,
+        "seconds": round(time.perf_counter() - started, 1),
+        "seconds_per_step": round(sum(step_seconds) / max(1, len(step_seconds)), 2),
+        "peak_rss_mb": peak_rss_mb(),
+        "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
+        "history": history, "chosen_epoch": best[1], "adapter": str(out),
+    }
+    (out / META).write_text(json.dumps({
+        "trained": True, "module": module, "base": base_name, "patients": patients,
+        "validation_patients": val_patients, "traces": str(traces), "recipe": report["recipe"],
+        "chosen_epoch": best[1]}, indent=1) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report

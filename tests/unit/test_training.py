@@ -1,0 +1,100 @@
+"""Teacher traces and LoRA training inputs: the split is by patient and stable, gold patients are never chosen,
+the loss mask covers exactly the prompt, and adapters record their patients. (A real teacher run and a real
+training run are in tests/integration/test_training_run.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stam.training.teacher import choose_notes, excluded_patients, is_validation, note_patient, split
+from stam.training.traces import Trace, TraceWriter, read_traces
+from tests.conftest import DATA
+
+BULK = DATA / "synthea-bulk-10p"
+GOLD = Path(__file__).resolve().parents[2] / "benchmarks" / "gold" / "synthea_notes.json"
+
+
+def trace(patient: str, module: str = "extract", reply: str = '{"facts":[]}') -> Trace:
+    return Trace(module=module, purpose="extraction" if module == "extract" else "link+update",
+                 prompt_id="extract/v1-x", model="teacher", schema_name="Extraction",
+                 messages=[{"role": "system", "content": "Extract."}, {"role": "user", "content": f"note of {patient}"}],
+                 reply=reply, entry_id=f"e-{patient}", patient_id=patient, attempts=1)
+
+
+def test_the_split_is_by_patient_stable_and_never_empty(tmp_path: Path) -> None:
+    patients = [f"p{i}" for i in range(40)]
+    writer = TraceWriter(tmp_path / "all.jsonl")
+    for p in patients:
+        writer(trace(p))
+        writer(trace(p, "update"))
+    writer.close()
+    chosen = {p: [json.dumps({"id": f"n-{p}"})] for p in patients}
+    m = split(tmp_path, chosen, url="u", model="teacher", prompts={}, val_fraction=0.2, seed=3, seconds=1.0,
+              failed=[], usage={})
+    train_p = {t.patient_id for t in read_traces(tmp_path / "train.jsonl")}
+    val_p = {t.patient_id for t in read_traces(tmp_path / "val.jsonl")}
+    assert train_p and val_p and not train_p & val_p and train_p | val_p == set(patients)
+    assert set(m["splits"]["val"]["patients"]) == val_p == {p for p in patients if is_validation(p, 3, 0.2)}
+    assert m["splits"]["train"]["traces"] == {"extract": len(train_p), "update": len(train_p)}
+    assert (tmp_path / "train.jsonl").stat().st_mode & 0o777 == 0o600 and not (tmp_path / "all.jsonl").exists()
+    # Two patients and a small fraction: one still goes to validation.
+    small = tmp_path / "small"
+    small.mkdir()
+    w = TraceWriter(small / "all.jsonl")
+    w(trace("a"))
+    w(trace("b"))
+    w.close()
+    m2 = split(small, {"a": ['{"id": "n-a"}'], "b": ['{"id": "n-b"}']}, url="u", model="t", prompts={},
+               val_fraction=0.01, seed=0, seconds=0, failed=[], usage={})
+    assert len(m2["splits"]["val"]["patients"]) == 1 and len(m2["splits"]["train"]["patients"]) == 1
+
+
+@pytest.mark.skipif(not BULK.is_dir(), reason="shared data not present")
+def test_gold_patients_are_never_chosen_and_choices_are_seeded() -> None:
+    exclude = excluded_patients(BULK, [GOLD])
+    assert len(exclude) >= 1
+    a = choose_notes(BULK, notes=30, per_patient=5, exclude=exclude, seed=1)
+    b = choose_notes(BULK, notes=30, per_patient=5, exclude=exclude, seed=1)
+    assert a == b and sum(len(v) for v in a.values()) == 30
+    assert not set(a) & exclude
+    for patient, lines in a.items():
+        assert len(lines) <= 5 and all(note_patient(json.loads(line)) == patient for line in lines)
+    assert choose_notes(BULK, notes=30, per_patient=5, exclude=exclude, seed=2) != a
+
+
+def test_the_loss_mask_covers_the_prompt_and_nothing_else() -> None:
+    pytest.importorskip("peft", reason="the train extra is not installed")
+    from transformers import AutoTokenizer
+
+    from stam.errors import WeightsError
+    from stam.llm.convert import ensure_hf
+    from stam.training.lora import IGNORE, encode
+
+    try:
+        base = ensure_hf("qwen2.5-coder-0.5b-instruct-q4_k_m")
+    except WeightsError as exc:
+        pytest.skip(str(exc))
+    tok = AutoTokenizer.from_pretrained(str(base))
+    t = trace("p1", reply='{"facts":[{"category":"medication","name":"ibuprofen","status":"active"}]}')
+    ids, labels = encode(tok, t)
+    n_prompt = sum(1 for x in labels if x == IGNORE)
+    assert len(ids) == len(labels) and labels[:n_prompt] == [IGNORE] * n_prompt and IGNORE not in labels[n_prompt:]
+    answer = tok.decode(ids[n_prompt:])
+    assert answer.startswith(t.reply) and answer[len(t.reply):].strip() == "<|im_end|>"
+    assert tok.decode(ids[:n_prompt]).endswith("<|im_start|>assistant\n")
+
+
+def test_train_lora_refuses_missing_traces_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stam.cli import main
+
+    (tmp_path / "train.jsonl").write_text(json.dumps(trace("p1", "update").as_dict()) + "\n")
+    (tmp_path / "val.jsonl").write_text("")
+    assert main(["train", "lora", "--module", "extract", "--traces", str(tmp_path), "--out",
+                 str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == f"stam train lora: no extract traces in {tmp_path}/train.jsonl"
+    (tmp_path / "val.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match="val.jsonl:1: not a trace"):
+        list(read_traces(tmp_path / "val.jsonl"))
