@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from stam.cli.common import load_settings
@@ -67,8 +68,10 @@ def cmd_erase(args: argparse.Namespace) -> int:
             out: dict[str, Any] = erase.scan(settings, args.patient, args.sample_text)
             print(json.dumps(out, indent=2))
             return 0 if out["verified"] else 1
+        training = _training(args)
         if args.dry_run:
             plan = erase.plan(settings, args.patient)
+            plan["training"] = training
             print(json.dumps(plan, indent=2) if args.json else
                   "would erase: " + ", ".join(f"{k} {v}" for k, v in plan["counts"].items())
                   + f"; topics: {plan['topics']}")
@@ -80,16 +83,27 @@ def cmd_erase(args: argparse.Namespace) -> int:
         return 1
     receipt = result["receipt"]
     if args.json:
-        print(json.dumps({"receipt": receipt, "published": result["published"], "scan": result["scan"]}, indent=2))
+        print(json.dumps({"receipt": receipt, "published": result["published"], "scan": result["scan"],
+                          "training": training}, indent=2))
     else:
         print(json.dumps(receipt, indent=2))
         where = {k: v for k, v in result["scan"]["where"].items() if v and result["scan"]["residuals"].get(k)}
         if where:
             print("residuals: " + json.dumps(where), file=sys.stderr)
+    if training["adapters"] or training["trace_sets"]:
+        print(f"stam erase: {len(training['adapters'])} adapter(s) and {len(training['trace_sets'])} trace set(s) "
+              "learnt from this patient; retrain them without it: " + json.dumps(training), file=sys.stderr)
     if not result["published"]:
         print("stam erase: the receipt could not be published to the audit topic (printed above)", file=sys.stderr)
         return 3
     return 0 if receipt["verification"]["verified"] else 1
+
+
+def _training(args: argparse.Namespace) -> dict[str, list[str]]:
+    """Adapters and trace sets under --training-dir that learnt from the patient (stam train records them)."""
+    from stam.training.lineage import trained_on
+
+    return trained_on(args.patient, args.training_dir)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -115,4 +129,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--sample-text", nargs="*", default=[], metavar="TEXT",
                    help="texts of the patient to search for besides the id (erase also picks distinctive ones)")
     p.add_argument("--json", action="store_true", help="print the receipt, the scan and whether it was published")
+    p.add_argument("--training-dir", type=Path, action="append", default=[], metavar="DIR",
+                   help="where adapters and teacher traces are kept (repeatable): those that learnt from the "
+                   "patient are listed (model weights cannot forget one patient: retrain them without it)")
     p.set_defaults(fn=cmd_erase)

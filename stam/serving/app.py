@@ -5,13 +5,16 @@
   ``response_format``; why not Ray Serve's LLM integration is said there).
 - llama.cpp engine (CPU): :class:`LlamaCppServer`, a Serve deployment holding ``llama_cpp.Llama`` on the
   GGUF file; ``response_format`` of type ``json_schema`` becomes llama.cpp's grammar-constrained
-  ``json_object`` with that schema, so the output always parses against it.
+  ``json_object`` with that schema, so the output always parses against it. LoRA adapters (converted to GGUF,
+  :mod:`stam.training.gguf_lora`) are loaded once and applied per request by name (``model``); switching
+  adapter drops the cached prompt prefix. Any other ``model`` is the base model.
 
 Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replace it by URL.
 """
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
 # FastAPI resolves endpoint annotations at runtime; Ray pickles the deployment class by value, so this
@@ -30,6 +33,34 @@ def _llama_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt.get("type") == "json_object":
         return {"type": "json_object", **({"schema": fmt["schema"]} if "schema" in fmt else {})}
     raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
+
+
+def _load_llama_adapter(llm: Any, source: str) -> Any:
+    """A LoRA adapter loaded on the llama.cpp model (a peft folder is converted to GGUF once)."""
+    import llama_cpp
+
+    from stam.training.gguf_lora import to_gguf
+
+    path = source if source.endswith(".gguf") else str(to_gguf(Path(source)))
+    adapter = llama_cpp.llama_adapter_lora_init(llm.model, path.encode())
+    if not adapter:
+        raise RuntimeError(f"llama.cpp could not load the LoRA adapter {path}")
+    return adapter
+
+
+def _use_llama_adapter(llm: Any, adapter: Any | None) -> None:
+    """Apply ``adapter`` (scale 1: alpha / rank as trained) to the context, or none."""
+    import ctypes
+
+    import llama_cpp
+
+    if adapter is None:
+        rc = llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, None, 0, None)
+    else:
+        rc = llama_cpp.llama_set_adapters_lora(llm._ctx.ctx, (llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter), 1,
+                                               (ctypes.c_float * 1)(1.0))
+    if rc:
+        raise RuntimeError(f"llama.cpp refused to set the LoRA adapters ({rc})")
 
 
 def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
@@ -51,10 +82,15 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
             path = self.cfg.gguf or str(ensure_gguf(self.cfg.model_id))
             self.llm = Llama(model_path=path, n_ctx=self.cfg.n_ctx, n_threads=self.cfg.n_threads, verbose=False)
             self.lock = asyncio.Lock()  # one llama.cpp context: one generation at a time per replica
+            self.adapters = {name: _load_llama_adapter(self.llm, source) for name, source in self.cfg.loras.items()}
+            self.active: str | None = None
 
         @api.get("/v1/models")
         async def models(self) -> dict[str, Any]:
-            return {"object": "list", "data": [{"id": self.cfg.model_id, "object": "model", "owned_by": "stam"}]}
+            data = [{"id": self.cfg.model_id, "object": "model", "owned_by": "stam"}]
+            data += [{"id": name, "object": "model", "owned_by": "stam", "parent": self.cfg.model_id}
+                     for name in sorted(self.adapters)]
+            return {"object": "list", "data": data}
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> dict[str, Any]:
@@ -81,13 +117,20 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
                         kwargs[target] = float(body[name])
             except (TypeError, ValueError) as exc:
                 raise HTTPException(status_code=400, detail=f"bad sampling parameter: {exc}") from exc
+            # An adapter by name; any other name is the base model (as before adapters existed).
+            adapter: str | None = body.get("model") if body.get("model") in self.adapters else None
+
             def generate() -> Any:
+                if adapter != self.active:
+                    _use_llama_adapter(self.llm, self.adapters.get(adapter) if adapter else None)
+                    self.active = adapter
+                    self.llm.reset()  # type: ignore[no-untyped-call]  # the prefix was evaluated with the other adapter
                 return self.llm.create_chat_completion(**kwargs)
 
             async with self.lock:
                 started = time.perf_counter()
                 out: dict[str, Any] = await asyncio.to_thread(generate)
-            out["model"] = self.cfg.model_id
+            out["model"] = adapter or self.cfg.model_id
             out.setdefault("usage", {})["seconds"] = round(time.perf_counter() - started, 3)
             return out
 

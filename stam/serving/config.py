@@ -80,6 +80,15 @@ class LlamaCppEngine(BaseModel):
     n_threads: int = Field(default=2, ge=1)
     replicas: int = Field(default=1, ge=1)
     num_cpus: float = Field(default=1.0, gt=0, description="Ray logical CPUs reserved per replica")
+    loras: dict[str, str] = Field(default_factory=dict, description="adapter name -> peft folder (converted to "
+                                  "GGUF once) or a GGUF adapter file")
+
+    @model_validator(mode="after")
+    def _names(self) -> LlamaCppEngine:
+        clash = [n for n in self.loras if n == self.model_id or not n or ":" in n or "/" in n]
+        if clash:
+            raise ValueError(f"adapter names must differ from model_id and hold no ':' or '/': {clash}")
+        return self
 
 
 class ServingConfig(BaseModel):

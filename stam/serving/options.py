@@ -7,6 +7,8 @@ import importlib.metadata
 from pathlib import Path
 from typing import Literal
 
+from pydantic import ValidationError
+
 from stam.serving.config import Autoscaling, LlamaCppEngine, ServingConfig, VllmEngine
 
 DEFAULT_CPU_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
@@ -40,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"(default on GPU {DEFAULT_VLLM_GPU_MODEL[0]})")
     p.add_argument("--model-source", default=None, help="vllm: HF id or a local folder of the weights")
     p.add_argument("--lora", action="append", default=[], metavar="NAME=PATH",
-                   help="vllm: serve a peft adapter folder under NAME (repeatable); a request names it as 'model'")
+                   help="serve a peft adapter folder under NAME (repeatable); a request names it as 'model' "
+                   "(llamacpp: converted to GGUF once; a .gguf adapter file also works)")
     p.add_argument("--gguf", default="", help="llamacpp: a GGUF path instead of the packaged weights")
     p.add_argument("--threads", type=int, default=2, help="llamacpp: CPU threads of the replica (default 2)")
     p.add_argument("--device", choices=["auto", "gpu", "cpu"], default="auto",
@@ -65,12 +68,21 @@ def parse_loras(items: list[str]) -> dict[str, str]:
         if not sep or not name or not path:
             raise OptionError(f"--lora {item!r}: expected NAME=PATH")
         folder = Path(path).expanduser()
+        if folder.suffix == ".gguf" and folder.is_file():
+            out[name] = str(folder.resolve())
+            continue
         if not (folder / "adapter_config.json").is_file():
             raise OptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
         if name in out:
             raise OptionError(f"--lora {name}: given twice")
         out[name] = str(folder.resolve())
     return out
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    where = ".".join(map(str, err["loc"]))
+    return (f"{where}: " if where else "") + str(err["msg"]).removeprefix("Value error, ")
 
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
@@ -99,12 +111,12 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
                 dtype="bfloat16" if cpu else "auto", loras=parse_loras(args.lora),
                 autoscaling=Autoscaling(min_replicas=args.min_replicas,
                                         max_replicas=args.max_replicas or (1 if cpu else 4)))
-        except ValueError as exc:
-            if isinstance(exc, OptionError):
-                raise
-            raise OptionError(str(exc).splitlines()[-1] if "\n" in str(exc) else str(exc)) from exc
+        except ValidationError as exc:
+            raise OptionError(_one_line(exc)) from exc
     else:
-        if args.lora:
-            raise OptionError("--lora: adapters are served by the vllm engine only (--engine vllm)")
-        engine = LlamaCppEngine(model_id=args.model or DEFAULT_CPU_MODEL, gguf=args.gguf, n_threads=args.threads)
+        try:
+            engine = LlamaCppEngine(model_id=args.model or DEFAULT_CPU_MODEL, gguf=args.gguf, n_threads=args.threads,
+                                    loras=parse_loras(args.lora))
+        except ValidationError as exc:
+            raise OptionError(_one_line(exc)) from exc
     return ServingConfig(engine=engine, host=args.host, port=args.port)

@@ -23,11 +23,11 @@ def read_meta(folder: Path) -> dict[str, Any]:
 
 
 def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, seed: int = 0,
-                      scale: float = 0.2) -> Path:
+                      scale: float = 0.02) -> Path:
     """A randomly initialised LoRA adapter for the model in ``base`` (an HF folder), saved to ``out``.
 
-    peft's random B matrices, times ``scale``: at full size they turn the 0.5B's output into whitespace and
-    repeated tokens; at 0.2 the output changes but stays a model's output."""
+    peft's random B matrices, times ``scale``: at full size (and at 0.2) the update is larger than the weights
+    it adapts and the 0.5B answers with random tokens; at 0.02 its answer changes but stays a model's answer."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

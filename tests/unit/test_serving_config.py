@@ -4,6 +4,8 @@ body, and the weights registry."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -63,7 +65,7 @@ def test_vllm_request_translation() -> None:
         sampling_kwargs({"max_tokens": -2})
 
 
-def test_serve_options_pick_the_engine_the_model_and_its_source() -> None:
+def test_serve_options_pick_the_engine_the_model_and_its_source(tmp_path: Path) -> None:
     import argparse
 
     from stam.serving.options import OptionError, add_arguments, config_from_args
@@ -81,8 +83,13 @@ def test_serve_options_pick_the_engine_the_model_and_its_source() -> None:
         config_from_args(p.parse_args(["--engine", "vllm", "--model", "mine"]))
     with pytest.raises(OptionError, match="NAME=PATH"):
         config_from_args(p.parse_args(["--engine", "vllm", "--lora", "extract"]))
-    with pytest.raises(OptionError, match="vllm engine only"):
+    with pytest.raises(OptionError, match="not a peft adapter folder"):
         config_from_args(p.parse_args(["--lora", "a=/b"]))
+    (tmp_path / "a.gguf").write_bytes(b"GGUF")
+    llama = config_from_args(p.parse_args(["--lora", f"extract={tmp_path / 'a.gguf'}"])).engine
+    assert isinstance(llama, LlamaCppEngine) and llama.loras == {"extract": str(tmp_path / "a.gguf")}
+    with pytest.raises(OptionError, match="adapter names must differ"):
+        config_from_args(p.parse_args(["--lora", f"qwen2.5-coder-1.5b-instruct-q4_k_m={tmp_path / 'a.gguf'}"]))
 
 
 def test_serving_config_is_strict_and_discriminated() -> None:

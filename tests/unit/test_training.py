@@ -98,3 +98,23 @@ def test_train_lora_refuses_missing_traces_in_one_line(tmp_path: Path, capsys: p
     (tmp_path / "val.jsonl").write_text("not json\n")
     with pytest.raises(ValueError, match="val.jsonl:1: not a trace"):
         list(read_traces(tmp_path / "val.jsonl"))
+
+
+def test_erasure_finds_the_adapters_and_trace_sets_that_learnt_from_a_patient(tmp_path: Path) -> None:
+    from stam.training.adapters import META
+    from stam.training.lineage import trained_on
+
+    a = tmp_path / "adapters" / "extract"
+    a.mkdir(parents=True)
+    (a / META).write_text(json.dumps({"trained": True, "patients": ["p1", "p2"], "validation_patients": ["p3"]}))
+    b = tmp_path / "adapters" / "update"
+    b.mkdir()
+    (b / META).write_text(json.dumps({"trained": True, "patients": ["p2"], "validation_patients": []}))
+    t = tmp_path / "traces"
+    t.mkdir()
+    (t / "manifest.json").write_text(json.dumps({"splits": {"train": {"patients": ["p1"]}, "val": {"patients": ["p3"]}}}))
+    (tmp_path / "other.json").write_text("not json")
+    assert trained_on("p1", [tmp_path]) == {"adapters": [str(a)], "trace_sets": [str(t)]}
+    assert trained_on("p3", [tmp_path]) == {"adapters": [str(a)], "trace_sets": [str(t)]}
+    assert trained_on("p2", [tmp_path]) == {"adapters": [str(a), str(b)], "trace_sets": []}
+    assert trained_on("p9", [tmp_path, tmp_path / "missing"]) == {"adapters": [], "trace_sets": []}
