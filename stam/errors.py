@@ -121,6 +121,14 @@ class WeightsError(StamError):
     """Parts missing, or a joined file of the wrong size or digest."""
 
 
+class ServeOptionError(StamError, ValueError):
+    """The options of ``stam serve`` contradict each other or name what is not there (one line, no traceback)."""
+
+
+class TrainingError(StamError, ValueError):
+    """The inputs of a training run cannot be used (missing traces, none for the module, none short enough)."""
+
+
 # --- the read side -----------------------------------------------------------------------------------------------
 class QueryError(StamError):
     """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""

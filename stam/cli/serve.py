@@ -7,13 +7,13 @@ import sys
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from stam.errors import WeightsError
+    from stam.errors import ServeOptionError, WeightsError
     from stam.serving.config import VllmEngine
-    from stam.serving.options import OptionError, config_from_args, installed_vllm_device
+    from stam.serving.options import config_from_args, installed_vllm_device
 
     try:
         config = config_from_args(args)
-    except OptionError as exc:
+    except ServeOptionError as exc:
         print(f"stam serve: {exc}", file=sys.stderr)
         return 2
     engine = config.engine

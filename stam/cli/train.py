@@ -79,9 +79,9 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 
 def cmd_lora(args: argparse.Namespace) -> int:
-    from stam.errors import WeightsError
+    from stam.errors import TrainingError, WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.lora import Recipe, TrainingError, train
+    from stam.training.lora import Recipe, train
 
     try:
         base = ensure_hf(args.base) if args.base_dir is None else args.base_dir

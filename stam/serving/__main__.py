@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stam.errors import ServeOptionError
 from stam.serving.config import ServingConfig
-from stam.serving.options import OptionError, add_arguments, config_from_args
+from stam.serving.options import add_arguments, config_from_args
 
 
 def parse(argv: list[str] | None = None) -> ServingConfig:
@@ -20,7 +21,7 @@ def parse(argv: list[str] | None = None) -> ServingConfig:
     args = p.parse_args(argv)
     try:
         return config_from_args(args)
-    except OptionError as exc:
+    except ServeOptionError as exc:
         p.error(str(exc))
         raise  # unreachable: error() exits
 

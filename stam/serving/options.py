@@ -9,15 +9,12 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from stam.errors import ServeOptionError
 from stam.serving.config import Autoscaling, LlamaCppEngine, ServingConfig, VllmEngine
 
 DEFAULT_CPU_MODEL = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DEFAULT_VLLM_CPU_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 DEFAULT_VLLM_GPU_MODEL = ("qwen2.5-7b-instruct", "Qwen/Qwen2.5-7B-Instruct")
-
-
-class OptionError(ValueError):
-    """A user's mistake on the command line (one clear line, no traceback)."""
 
 
 def installed_vllm_device() -> str | None:
@@ -66,15 +63,15 @@ def parse_loras(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
-            raise OptionError(f"--lora {item!r}: expected NAME=PATH")
+            raise ServeOptionError(f"--lora {item!r}: expected NAME=PATH")
         folder = Path(path).expanduser()
         if folder.suffix == ".gguf" and folder.is_file():
             out[name] = str(folder.resolve())
             continue
         if not (folder / "adapter_config.json").is_file():
-            raise OptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
+            raise ServeOptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
         if name in out:
-            raise OptionError(f"--lora {name}: given twice")
+            raise ServeOptionError(f"--lora {name}: given twice")
         out[name] = str(folder.resolve())
     return out
 
@@ -86,7 +83,7 @@ def _one_line(exc: ValidationError) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> ServingConfig:
-    """The serving configuration the options describe (``OptionError`` for a mistake in them)."""
+    """The serving configuration the options describe (``ServeOptionError`` for a mistake in them)."""
     engine: LlamaCppEngine | VllmEngine
     if args.engine == "vllm":
         device: Literal["gpu", "cpu"] = "cpu" if (args.device if args.device != "auto" else installed_vllm_device()) \
@@ -101,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
         elif model == DEFAULT_VLLM_GPU_MODEL[0]:
             source = DEFAULT_VLLM_GPU_MODEL[1]
         else:
-            raise OptionError(f"--model {model}: not a packaged model ({', '.join(MODELS)}); give --model-source")
+            raise ServeOptionError(f"--model {model}: not a packaged model ({', '.join(MODELS)}); give --model-source")
         cpu = device == "cpu"
         try:
             engine = VllmEngine(
@@ -112,11 +109,11 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
                 autoscaling=Autoscaling(min_replicas=args.min_replicas,
                                         max_replicas=args.max_replicas or (1 if cpu else 4)))
         except ValidationError as exc:
-            raise OptionError(_one_line(exc)) from exc
+            raise ServeOptionError(_one_line(exc)) from exc
     else:
         try:
             engine = LlamaCppEngine(model_id=args.model or DEFAULT_CPU_MODEL, gguf=args.gguf, n_threads=args.threads,
                                     loras=parse_loras(args.lora))
         except ValidationError as exc:
-            raise OptionError(_one_line(exc)) from exc
+            raise ServeOptionError(_one_line(exc)) from exc
     return ServingConfig(engine=engine, host=args.host, port=args.port)

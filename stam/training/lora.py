@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stam.errors import TrainingError
 from stam.training.adapters import META, TARGET_MODULES
 from stam.training.traces import MODULE_OF, Trace, read_traces
 
@@ -50,10 +51,6 @@ class Recipe:
     """Longer examples are dropped (counted in the report), never truncated into a reply without its end."""
     seed: int = 0
     target_modules: tuple[str, ...] = field(default=TARGET_MODULES)
-
-
-class TrainingError(ValueError):
-    """A problem with the inputs of a training run (one line for the command line)."""
 
 
 def load_split(folder: Path, split: str, module: str) -> list[Trace]:

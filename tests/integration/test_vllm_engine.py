@@ -146,9 +146,10 @@ def test_models_lists_the_adapters_and_bad_requests_are_refused(served: tuple[st
 def test_an_adapter_folder_is_checked_on_the_command_line(tmp_path: Path) -> None:
     import argparse
 
-    from stam.serving.options import OptionError, add_arguments, config_from_args
+    from stam.errors import ServeOptionError
+    from stam.serving.options import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
-    with pytest.raises(OptionError, match="not a peft adapter folder"):
+    with pytest.raises(ServeOptionError, match="not a peft adapter folder"):
         config_from_args(p.parse_args(["--engine", "vllm", "--lora", f"extract={tmp_path}"]))

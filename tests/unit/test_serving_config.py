@@ -68,7 +68,8 @@ def test_vllm_request_translation() -> None:
 def test_serve_options_pick_the_engine_the_model_and_its_source(tmp_path: Path) -> None:
     import argparse
 
-    from stam.serving.options import OptionError, add_arguments, config_from_args
+    from stam.errors import ServeOptionError
+    from stam.serving.options import add_arguments, config_from_args
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -79,16 +80,16 @@ def test_serve_options_pick_the_engine_the_model_and_its_source(tmp_path: Path) 
     gpu = config_from_args(p.parse_args(["--engine", "vllm", "--device", "gpu"])).engine
     assert isinstance(gpu, VllmEngine)
     assert (gpu.model_source, gpu.autoscaling.max_replicas) == ("Qwen/Qwen2.5-7B-Instruct", 4)
-    with pytest.raises(OptionError, match="give --model-source"):
+    with pytest.raises(ServeOptionError, match="give --model-source"):
         config_from_args(p.parse_args(["--engine", "vllm", "--model", "mine"]))
-    with pytest.raises(OptionError, match="NAME=PATH"):
+    with pytest.raises(ServeOptionError, match="NAME=PATH"):
         config_from_args(p.parse_args(["--engine", "vllm", "--lora", "extract"]))
-    with pytest.raises(OptionError, match="not a peft adapter folder"):
+    with pytest.raises(ServeOptionError, match="not a peft adapter folder"):
         config_from_args(p.parse_args(["--lora", "a=/b"]))
     (tmp_path / "a.gguf").write_bytes(b"GGUF")
     llama = config_from_args(p.parse_args(["--lora", f"extract={tmp_path / 'a.gguf'}"])).engine
     assert isinstance(llama, LlamaCppEngine) and llama.loras == {"extract": str(tmp_path / "a.gguf")}
-    with pytest.raises(OptionError, match="adapter names must differ"):
+    with pytest.raises(ServeOptionError, match="adapter names must differ"):
         config_from_args(p.parse_args(["--lora", f"qwen2.5-coder-1.5b-instruct-q4_k_m={tmp_path / 'a.gguf'}"]))
 
 
