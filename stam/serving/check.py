@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         replies: dict[str, Any] = {}
         for name in (MODEL, "extract"):
             client = LLMClient(url, name, timeout_s=600, retries=0)
-            body = client.body(messages, schema=schema, schema_name="Extraction", max_tokens=400, temperature=0)
+            body = client.body(messages, schema=schema, schema_name="Extraction", max_tokens=800, temperature=0)
             data = post(f"{url}/chat/completions", body, 600)
             content = data["choices"][0]["message"]["content"]
             usage = data["usage"]
