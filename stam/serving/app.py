@@ -22,6 +22,7 @@ from typing import Any
 from fastapi import Request
 
 from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
+from stam.serving.http import chat_body, model_list
 
 
 def _llama_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -87,25 +88,15 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
 
         @api.get("/v1/models")
         async def models(self) -> dict[str, Any]:
-            data = [{"id": self.cfg.model_id, "object": "model", "owned_by": "stam"}]
-            data += [{"id": name, "object": "model", "owned_by": "stam", "parent": self.cfg.model_id}
-                     for name in sorted(self.adapters)]
-            return {"object": "list", "data": data}
+            return model_list(self.cfg.model_id, self.adapters)
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> dict[str, Any]:
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise HTTPException(status_code=400, detail=f"body is not JSON: {exc}") from exc
-            if not isinstance(body, dict):
-                raise HTTPException(status_code=400, detail="body must be a JSON object")
+            body = await chat_body(request)
             try:
                 fmt = _llama_response_format(body.get("response_format"))
             except ValueError as exc:
                 raise HTTPException(status_code=400, detail=str(exc)) from exc
-            if not isinstance(body.get("messages"), list) or not body["messages"]:
-                raise HTTPException(status_code=400, detail="messages must be a non-empty list")
             kwargs = {"messages": body["messages"], "max_tokens": int(body.get("max_tokens") or 512),
                       "temperature": float(body.get("temperature", 0.0)), "response_format": fmt}
             try:

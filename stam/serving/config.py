@@ -12,6 +12,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+def check_adapter_names(model_id: str, loras: dict[str, str]) -> None:
+    """Adapter names are what requests send as ``model``: not the base model's, no ':' or '/'."""
+    clash = [n for n in loras if n == model_id or not n or ":" in n or "/" in n]
+    if clash:
+        raise ValueError(f"adapter names must differ from model_id and hold no ':' or '/': {clash}")
+
+
 class Autoscaling(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,9 +69,7 @@ class VllmEngine(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> VllmEngine:
-        clash = [n for n in self.loras if n == self.model_id or not n or ":" in n or "/" in n]
-        if clash:
-            raise ValueError(f"adapter names must differ from model_id and hold no ':' or '/': {clash}")
+        check_adapter_names(self.model_id, self.loras)
         return self
 
 
@@ -85,9 +90,7 @@ class LlamaCppEngine(BaseModel):
 
     @model_validator(mode="after")
     def _names(self) -> LlamaCppEngine:
-        clash = [n for n in self.loras if n == self.model_id or not n or ":" in n or "/" in n]
-        if clash:
-            raise ValueError(f"adapter names must differ from model_id and hold no ':' or '/': {clash}")
+        check_adapter_names(self.model_id, self.loras)
         return self
 
 

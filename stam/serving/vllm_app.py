@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import Request
 
 from stam.serving.config import VllmEngine, vllm_deployment_options, vllm_engine_kwargs
+from stam.serving.http import chat_body, model_list
 
 
 def model_path(engine: VllmEngine) -> str:
@@ -93,25 +94,15 @@ def build_vllm_app(engine: VllmEngine) -> Any:
 
         @api.get("/v1/models")
         async def models(self) -> dict[str, Any]:
-            data = [{"id": self.cfg.model_id, "object": "model", "owned_by": "stam"}]
-            data += [{"id": name, "object": "model", "owned_by": "stam", "parent": self.cfg.model_id}
-                     for name in sorted(self.loras)]
-            return {"object": "list", "data": data}
+            return model_list(self.cfg.model_id, self.loras)
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> dict[str, Any]:
             from vllm import SamplingParams
             from vllm.sampling_params import StructuredOutputsParams
 
-            try:
-                body = await request.json()
-            except ValueError as exc:
-                raise HTTPException(status_code=400, detail=f"body is not JSON: {exc}") from exc
-            if not isinstance(body, dict):
-                raise HTTPException(status_code=400, detail="body must be a JSON object")
-            messages = body.get("messages")
-            if not isinstance(messages, list) or not messages:
-                raise HTTPException(status_code=400, detail="messages must be a non-empty list")
+            body = await chat_body(request)
+            messages = body["messages"]
             name = body.get("model") or self.cfg.model_id
             if name != self.cfg.model_id and name not in self.loras:
                 raise HTTPException(status_code=404, detail=f"model {name!r} is not served here "
