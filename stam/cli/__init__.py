@@ -16,7 +16,7 @@
   stam ask --patient ID "Q"     evidence packet for a question (--as-of T, --json, --gate ...)
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve;
-                                vllm: --lora NAME=PATH serves adapters by name)
+                                --lora NAME=PATH serves LoRA adapters by name)
   stam train traces|lora        teacher traces over notes (split by patient); a write module's LoRA adapter
   stam demo                     all of the above on one real Synthea patient
   stam eval state               write-time state diagnostics (MIMIC-IV or Synthea gold, ablation variants, plot)

