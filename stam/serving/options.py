@@ -64,14 +64,12 @@ def parse_loras(items: list[str]) -> dict[str, str]:
         name, sep, path = item.partition("=")
         if not sep or not name or not path:
             raise ServeOptionError(f"--lora {item!r}: expected NAME=PATH")
-        folder = Path(path).expanduser()
-        if folder.suffix == ".gguf" and folder.is_file():
-            out[name] = str(folder.resolve())
-            continue
-        if not (folder / "adapter_config.json").is_file():
-            raise ServeOptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
         if name in out:
             raise ServeOptionError(f"--lora {name}: given twice")
+        folder = Path(path).expanduser()
+        gguf_file = folder.suffix == ".gguf" and folder.is_file()
+        if not gguf_file and not (folder / "adapter_config.json").is_file():
+            raise ServeOptionError(f"--lora {name}: {folder} is not a peft adapter folder (no adapter_config.json)")
         out[name] = str(folder.resolve())
     return out
 
@@ -86,8 +84,8 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
     """The serving configuration the options describe (``ServeOptionError`` for a mistake in them)."""
     engine: LlamaCppEngine | VllmEngine
     if args.engine == "vllm":
-        device: Literal["gpu", "cpu"] = "cpu" if (args.device if args.device != "auto" else installed_vllm_device()) \
-            == "cpu" else "gpu"
+        wanted = installed_vllm_device() if args.device == "auto" else args.device
+        device: Literal["gpu", "cpu"] = "cpu" if wanted == "cpu" else "gpu"
         from stam.llm.weights import MODELS
 
         model = args.model or (DEFAULT_VLLM_CPU_MODEL if device == "cpu" else DEFAULT_VLLM_GPU_MODEL[0])
