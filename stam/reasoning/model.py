@@ -173,13 +173,13 @@ class ModelReasoner:
 
     def _ask(self, messages: list[dict[str, str]], model: type[T], *, max_tokens: int, what: str,
              check: Callable[[T], None] | None = None, sampling: dict[str, float] | None = None,
-             entry: RecordEntry | None = None) -> T:
+             entry: RecordEntry | None = None, schema: dict[str, object] | None = None) -> T:
         served = self.models.get(what)
         key = hashlib.sha256(json.dumps([model.__name__, served, messages], sort_keys=True).encode()).hexdigest()
         cached = self._cache.get(key)
         if cached is not None:
             return model.model_validate_json(cached)
-        schema = prompts.schema(model)
+        schema = schema or prompts.schema(model)
         convo = list(messages)
         raw = ""
         problem = ""
@@ -310,7 +310,7 @@ class ModelReasoner:
 
         self._count(judge_calls=1)
         j = self._ask(messages, prompts.Judgement, max_tokens=self.judge_max_tokens, what="link+update", check=check,
-                      entry=entry)
+                      entry=entry, schema=prompts.judgement_schema(n_current))
         mid = memory.memory_id
         relations: dict[tuple[str, RelationType], Relation] = {}
         for link in j.links:

@@ -163,3 +163,15 @@ def judge_messages(new: str, new_date: str | None, current: Sequence[str],
 
 def schema(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema()
+
+
+def judgement_schema(n_current: int) -> dict[str, Any]:
+    """``Judgement``'s schema with each candidate number limited to the CURRENT facts of this prompt (an enum,
+    which both engines' grammars enforce; llama.cpp's ignores ``maximum``), so a constrained reply cannot name a
+    PAST fact or a number that is no fact at all (the 0.5B through vLLM answered the note's year)."""
+    out = schema(Judgement)
+    for name in ("Link", "Ended"):
+        prop = out["$defs"][name]["properties"]["n"]
+        prop.pop("minimum", None)
+        prop["enum"] = list(range(1, n_current + 1))
+    return out

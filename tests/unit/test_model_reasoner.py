@@ -28,9 +28,11 @@ class Scripted:
     def __init__(self, *replies: Any) -> None:
         self.replies = list(replies)
         self.calls: list[list[dict[str, str]]] = []
+        self.schemas: list[dict[str, Any] | None] = []
 
-    def chat(self, messages: list[dict[str, str]], **_: Any) -> ChatResult:
+    def chat(self, messages: list[dict[str, str]], **kw: Any) -> ChatResult:
         self.calls.append(messages)
+        self.schemas.append(kw.get("schema"))
         reply = self.replies.pop(0)
         content = reply if isinstance(reply, str) else json.dumps(reply)
         return ChatResult(content=content, prompt_tokens=100, completion_tokens=20, seconds=0.1, attempts=1)
@@ -142,6 +144,22 @@ def test_a_candidate_number_out_of_range_is_an_invalid_reply() -> None:
     d = reasoner(client).update(note(), new, [stored("a", "x"), stored("b", "y"), stored("c", "z", Store.HISTORY)])
     assert len(client.calls) == 2 and "not CURRENT facts" in client.calls[1][-1]["content"]
     assert d.placement is Store.HISTORY and d.placement_reason.value == "superseded" and not d.archive
+
+
+def test_the_judgement_schema_allows_only_the_numbers_of_current_facts() -> None:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    client = Scripted({"new_is": "current"})
+    new = AtomicMemory(memory_id="n1", patient_id="p1", entry_id="note-1", position=0,
+                       category=Category.MEDICATION, text="Medication: lisinopril 10 mg; current")
+    reasoner(client).update(note(), new, [stored("a", "x"), stored("b", "y"), stored("c", "z", Store.HISTORY)])
+    (sent,) = client.schemas
+    assert sent is not None
+    for name in ("Link", "Ended"):
+        assert sent["$defs"][name]["properties"]["n"]["enum"] == [1, 2]  # 3 is the PAST fact
+    # llama.cpp's grammar keeps the enum (it ignores "maximum"): a constrained reply cannot say 3 or 2018.
+    grammar = json_schema_to_gbnf(json.dumps(sent))
+    assert 'Link-n ::= "1" | "2"\n' in grammar and 'Ended-n ::= "1" | "2"\n' in grammar
 
 
 def test_router_sends_codes_to_the_coded_reasoner_and_text_to_the_model_with_coded_context() -> None:
