@@ -60,10 +60,15 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
             serve.shutdown()  # type: ignore[no-untyped-call]
             ray.shutdown()
+    from stam.errors import TrainingError
+
     try:
         manifest = collect(notes_dir, args.out, url=url, model=args.teacher_model, notes=args.notes,
                            per_patient=args.per_patient, exclude=exclude, val_fraction=args.val_fraction,
-                           seed=args.seed)
+                           seed=args.seed, resume=args.resume)
+    except TrainingError as exc:
+        print(f"stam train traces: {exc}", file=sys.stderr)
+        return 2
     finally:
         if stop is not None:
             stop()
@@ -122,6 +127,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("--val-fraction", type=float, default=0.1, help="share of patients for validation (default 0.1)")
     t.add_argument("--seed", type=int, default=0, help="seed of the patient order and of the split (default 0)")
     t.add_argument("--n-ctx", type=int, default=4096, help="context of the local teacher (llama.cpp)")
+    t.add_argument("--resume", action="store_true",
+                   help="go on with the unfinished run in --out (same options): finished patients are kept")
     t.set_defaults(fn=cmd_traces)
     from stam.training.lora import Recipe
 

@@ -91,12 +91,18 @@ def choose_notes(notes_dir: Path, *, notes: int, per_patient: int, exclude: set[
 
 def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 120, per_patient: int = 20,
             exclude: set[str] | None = None, val_fraction: float = 0.1, seed: int = 0, timeout_s: float = 900,
-            progress: bool = True) -> dict[str, Any]:
+            progress: bool = True, resume: bool = False) -> dict[str, Any]:
     """Run the teacher at ``url`` (OpenAI-compatible, ``model``) and write ``train.jsonl``, ``val.jsonl`` and
-    ``manifest.json`` into ``out``. Returns the manifest."""
+    ``manifest.json`` into ``out``. Returns the manifest.
+
+    A run of the 1.5B teacher here takes hours, so it can be continued: ``plan.json`` (teacher and chosen notes)
+    is written first and ``progress.jsonl`` gets a line per patient whose notes are all done. ``resume=True``
+    keeps the traces of those patients and goes on with the next one (the traces of a patient cut off midway are
+    dropped: their stores are gone, so their notes are run again). An unfinished run is never overwritten
+    without ``resume``."""
     from stam.compose import local_deps
     from stam.embedding import Embedder
-    from stam.errors import ReasoningError
+    from stam.errors import ReasoningError, TrainingError
     from stam.llm.client import LLMClient
     from stam.reasoning.base import Router
     from stam.reasoning.coded import CodedReasoner
@@ -107,22 +113,49 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     out.mkdir(parents=True, exist_ok=True)
     chosen = choose_notes(notes_dir, notes=notes, per_patient=per_patient, exclude=exclude or set(), seed=seed)
     if not chosen:
-        raise ValueError(f"no notes to run the teacher on in {notes_dir / NOTES_FILE}")
-    all_path = out / "all.jsonl"
-    all_path.unlink(missing_ok=True)
-    writer = TraceWriter(all_path)
+        raise TrainingError(f"no notes to run the teacher on in {notes_dir / NOTES_FILE}")
+    all_path, plan_path, progress_path = out / "all.jsonl", out / "plan.json", out / "progress.jsonl"
     client = LLMClient(url, model, timeout_s=timeout_s, retries=1, max_concurrency=1)
-    reasoner = ModelReasoner(client, parallel=1, trace=writer)
+    reasoner = ModelReasoner(client, parallel=1)
+    plan = {"teacher": model, "prompts": reasoner.prompts, "seed": seed,
+            "notes": {p: [json.loads(line)["id"] for line in lines] for p, lines in chosen.items()}}
+    records: list[dict[str, Any]] = []
+    if plan_path.exists() and not resume:
+        raise TrainingError(f"{out} holds an unfinished teacher run; give --resume to go on with it, or another --out")
+    if resume and plan_path.exists():
+        if json.loads(plan_path.read_text()) != plan:
+            raise TrainingError(f"{out} holds a run of another teacher, prompt version or choice of notes; "
+                                "give another --out")
+        if progress_path.exists():
+            records = [json.loads(line) for line in progress_path.read_text().splitlines() if line.strip()]
+        finished = {r["patient"] for r in records}
+        kept = [t for t in read_traces(all_path) if t.patient_id in finished] if all_path.exists() else []
+        with all_path.open("w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(t.as_dict(), ensure_ascii=False) + "\n" for t in kept)
+        all_path.chmod(0o600)
+    else:
+        all_path.unlink(missing_ok=True)
+        progress_path.unlink(missing_ok=True)
+        plan_path.write_text(json.dumps(plan, indent=1) + "\n")
+        plan_path.chmod(0o600)  # patient ids, as the traces
+    finished = {r["patient"] for r in records}
+    writer = TraceWriter(all_path)
+    reasoner.trace = writer
     tmp = Path(tempfile.mkdtemp(prefix="stam-traces-"))
     deps, rclient = local_deps(tmp / "milvus.db", tmp / "redis.rdb", embedder=Embedder(),
                                router=Router(CodedReasoner(), reasoner))
-    started = time.perf_counter()
-    failed: list[dict[str, str]] = []
-    done = 0
     n_notes = sum(len(v) for v in chosen.values())
+    done = sum(len(chosen[p]) for p in finished)
+    if finished and progress:
+        print(f"resuming: {len(finished)} patients, {done} notes done", file=sys.stderr)
     try:
-        for patient, lines in chosen.items():
-            folder = tmp / f"p{done}"
+        for i, (patient, lines) in enumerate(chosen.items()):
+            if patient in finished:
+                continue
+            started = time.perf_counter()
+            before = {k: v.as_dict() for k, v in reasoner.usage.items()}
+            failed: list[dict[str, str]] = []
+            folder = tmp / f"p{i}"
             folder.mkdir()
             last = max(note_time(json.loads(line)) for line in lines)
             for rtype, hist in patient_lines(notes_dir, patient, HISTORY_TYPES, last[:19]).items():
@@ -136,16 +169,33 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
                 if entry.resource_type == "DocumentReference":
                     done += 1
                     if progress:
-                        print(f"[{done}/{n_notes}] {time.perf_counter() - started:.0f}s traces={writer.written}",
-                              file=sys.stderr)
+                        print(f"[{done}/{n_notes}] patient {i + 1}/{len(chosen)} "
+                              f"{time.perf_counter() - started:.0f}s traces={writer.written}", file=sys.stderr)
+            after = {k: v.as_dict() for k, v in reasoner.usage.items()}
+            record = {"patient": patient, "notes": len(lines), "seconds": round(time.perf_counter() - started, 1),
+                      "failed": failed, "usage": {k: {f: round(after[k][f] - before[k][f], 3) for f in after[k]}
+                                                  for k in after}}
+            with progress_path.open("a", encoding="utf-8") as fh:  # after its traces: a record means all are there
+                fh.write(json.dumps(record) + "\n")
+            progress_path.chmod(0o600)
+            records.append(record)
     finally:
         writer.close()
         deps.vectors.close()
         if hasattr(rclient, "close"):
             rclient.close()
-    seconds = time.perf_counter() - started
-    return split(out, chosen, url=url, model=model, prompts=reasoner.prompts, val_fraction=val_fraction, seed=seed,
-                 seconds=seconds, failed=failed, usage={k: v.as_dict() for k, v in reasoner.usage.items()})
+    usage: dict[str, dict[str, float]] = {}
+    for r in records:
+        for kind, u in r["usage"].items():
+            for f, v in u.items():
+                usage.setdefault(kind, {}).setdefault(f, 0)
+                usage[kind][f] = round(usage[kind][f] + v, 3)
+    manifest = split(out, chosen, url=url, model=model, prompts=reasoner.prompts, val_fraction=val_fraction,
+                     seed=seed, seconds=sum(r["seconds"] for r in records),
+                     failed=[f for r in records for f in r["failed"]], usage=usage)
+    plan_path.unlink()
+    progress_path.unlink(missing_ok=True)
+    return manifest
 
 
 def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prompts: dict[str, str],

@@ -118,3 +118,18 @@ def test_erasure_finds_the_adapters_and_trace_sets_that_learnt_from_a_patient(tm
     assert trained_on("p3", [tmp_path]) == {"adapters": [str(a)], "trace_sets": [str(t)]}
     assert trained_on("p2", [tmp_path]) == {"adapters": [str(a), str(b)], "trace_sets": []}
     assert trained_on("p9", [tmp_path, tmp_path / "missing"]) == {"adapters": [], "trace_sets": []}
+
+
+@pytest.mark.skipif(not BULK.is_dir(), reason="shared data not present")
+def test_an_unfinished_teacher_run_is_never_overwritten_and_resumes_only_the_same_plan(tmp_path: Path) -> None:
+    from stam.errors import TrainingError
+    from stam.training.teacher import collect
+
+    exclude = excluded_patients(BULK, [GOLD])
+    kw = {"url": "http://127.0.0.1:9/v1", "notes": 3, "per_patient": 3, "exclude": exclude, "progress": False}
+    (tmp_path / "plan.json").write_text("{}")  # a run that stopped midway left its plan
+    with pytest.raises(TrainingError, match="unfinished teacher run; give --resume"):
+        collect(BULK, tmp_path, model="teacher", **kw)  # type: ignore[arg-type]
+    with pytest.raises(TrainingError, match="another teacher, prompt version or choice of notes"):
+        collect(BULK, tmp_path, model="teacher", resume=True, **kw)  # type: ignore[arg-type]
+    assert (tmp_path / "plan.json").read_text() == "{}"
