@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from stam.reasoning.coded import CodedReasoner
     from stam.reasoning.model import ModelReasoner
     from stam.serving.app import run
-    from stam.serving.config import LlamaCppEngine, ServingConfig
+    from stam.serving.config import ServingConfig
     from stam.sources.fhir_ndjson import load_ndjson, patient_lines
     from stam.stages import process_entry
 
@@ -120,20 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     vocab = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
     port = free_port()
     started = time.perf_counter()
-    from stam.serving.config import VllmEngine
-    from stam.serving.options import installed_vllm_device, parse_loras
+    from stam.serving.options import local_engine, parse_loras
 
     loras = parse_loras(args.lora)
-    engine: LlamaCppEngine | VllmEngine
-    if args.engine == "vllm":
-        from stam.llm.convert import ensure_hf
-
-        ensure_hf(args.model)
-        engine = VllmEngine(model_id=args.model, model_source="", device="cpu" if installed_vllm_device() == "cpu"
-                            else "gpu", enforce_eager=True, max_model_len=args.n_ctx, dtype="bfloat16", loras=loras,
-                            autoscaling={"min_replicas": 1, "max_replicas": 1})
-    else:
-        engine = LlamaCppEngine(model_id=args.model, n_ctx=args.n_ctx, loras=loras)
+    engine = local_engine(args.engine, args.model, n_ctx=args.n_ctx, loras=loras)
     run(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2, log_to_driver=False)  # stdout: JSON
     serve_start_s = time.perf_counter() - started
     client = LLMClient(f"http://127.0.0.1:{port}/v1", args.model, timeout_s=900, retries=1, max_concurrency=1)

@@ -36,22 +36,20 @@ def cmd_traces(args: argparse.Namespace) -> int:
           file=sys.stderr)
     url, stop = args.teacher_url, None
     if not url:
-        from stam.errors import WeightsError
-        from stam.llm.weights import ensure_gguf
+        from stam.errors import ServeOptionError, WeightsError
         from stam.serving.app import run
-        from stam.serving.config import LlamaCppEngine, ServingConfig
+        from stam.serving.check import free_port
+        from stam.serving.config import ServingConfig
+        from stam.serving.options import local_engine
 
         try:
-            ensure_gguf(args.teacher_model)
-        except WeightsError as exc:
+            engine = local_engine(args.engine, args.teacher_model, n_ctx=args.n_ctx)
+        except (WeightsError, ServeOptionError) as exc:
             print(f"stam train traces: {exc}", file=sys.stderr)
             return 2
-        from stam.serving.check import free_port
-
         port = free_port()
-        print(f"starting the teacher {args.teacher_model} (llama.cpp, Ray Serve) on port {port}", file=sys.stderr)
-        run(ServingConfig(engine=LlamaCppEngine(model_id=args.teacher_model, n_ctx=args.n_ctx), port=port),
-            blocking=False, num_cpus=2)
+        print(f"starting the teacher {args.teacher_model} ({args.engine}, Ray Serve) on port {port}", file=sys.stderr)
+        run(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2)
         url = f"http://127.0.0.1:{port}/v1"
 
         def stop() -> None:
@@ -65,7 +63,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     try:
         manifest = collect(notes_dir, args.out, url=url, model=args.teacher_model, notes=args.notes,
                            per_patient=args.per_patient, exclude=exclude, val_fraction=args.val_fraction,
-                           seed=args.seed, resume=args.resume)
+                           seed=args.seed, resume=args.resume, patients_at_once=args.patients_at_once,
+                           parallel=args.parallel)
     except TrainingError as exc:
         print(f"stam train traces: {exc}", file=sys.stderr)
         return 2
@@ -95,7 +94,7 @@ def cmd_lora(args: argparse.Namespace) -> int:
     out = args.out or Path(f"adapters/{args.module}")
     try:
         report = train(args.module, args.traces, base, out, recipe, base_name=args.base if args.base_dir is None
-                       else args.base_dir.name)
+                       else args.base_dir.name, max_train=args.max_train, max_val=args.max_val)
     except TrainingError as exc:
         print(f"stam train lora: {exc}", file=sys.stderr)
         return 2
@@ -127,6 +126,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     t.add_argument("--val-fraction", type=float, default=0.1, help="share of patients for validation (default 0.1)")
     t.add_argument("--seed", type=int, default=0, help="seed of the patient order and of the split (default 0)")
     t.add_argument("--n-ctx", type=int, default=4096, help="context of the local teacher (llama.cpp)")
+    t.add_argument("--engine", choices=["llamacpp", "vllm"], default="llamacpp",
+                   help="engine of the local teacher: llamacpp (default) or vllm (make vllm-setup; batches the "
+                   "calls of --patients-at-once and --parallel)")
+    t.add_argument("--patients-at-once", type=int, default=1,
+                   help="patients run side by side, each on its own stores (default 1)")
+    t.add_argument("--parallel", type=int, default=1, help="judgements of one note in flight together (default 1)")
     t.add_argument("--resume", action="store_true",
                    help="go on with the unfinished run in --out (same options): finished patients are kept")
     t.set_defaults(fn=cmd_traces)
@@ -153,6 +158,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lo.add_argument("--epochs", type=int, default=r.epochs, help=f"at most this many epochs (default {r.epochs})")
     lo.add_argument("--max-steps", type=int, default=0, help="stop after N optimiser steps (0: epochs decide)")
     lo.add_argument("--max-length", type=int, default=r.max_length, help="longer examples are dropped")
-    lo.add_argument("--seed", type=int, default=r.seed, help="seed of the initialisation and the shuffle")
+    lo.add_argument("--max-train", type=int, default=0,
+                    help="train on a seeded sample of at most N traces (0: all; a CPU pays seconds per example)")
+    lo.add_argument("--max-val", type=int, default=64,
+                    help="validation loss over at most N traces (default 64; 0: all)")
+    lo.add_argument("--seed", type=int, default=r.seed, help="seed of the initialisation, the shuffle and samples")
     lo.set_defaults(fn=cmd_lora)
 

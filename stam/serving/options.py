@@ -74,6 +74,27 @@ def parse_loras(items: list[str]) -> dict[str, str]:
     return out
 
 
+def local_engine(engine: str, model: str, *, n_ctx: int = 4096,
+                 loras: dict[str, str] | None = None) -> LlamaCppEngine | VllmEngine:
+    """The engine a benchmark or ``stam train traces`` starts in-process for a packaged model: its weights made
+    ready first (GGUF joined, or converted once to safetensors for vLLM; ``WeightsError`` if missing), vLLM
+    eager on the installed build's device with one replica."""
+    from stam.llm.weights import ensure_gguf
+
+    if engine == "vllm":
+        device = installed_vllm_device()
+        if device is None:
+            raise ServeOptionError("--engine vllm: vLLM is not installed here (make vllm-setup)")
+        from stam.llm.convert import ensure_hf
+
+        ensure_hf(model)
+        return VllmEngine(model_id=model, model_source="", device="cpu" if device == "cpu" else "gpu",
+                          enforce_eager=True, max_model_len=n_ctx, dtype="bfloat16", loras=loras or {},
+                          autoscaling=Autoscaling(min_replicas=1, max_replicas=1))
+    ensure_gguf(model)
+    return LlamaCppEngine(model_id=model, n_ctx=n_ctx, loras=loras or {})
+
+
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     where = ".".join(map(str, err["loc"]))

@@ -77,9 +77,21 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def sample(items: list[Trace], n: int, seed: int) -> list[Trace]:
+    """At most ``n`` of ``items`` (0: all), a seeded choice kept in file order."""
+    if not n or len(items) <= n:
+        return items
+    keep = set(random.Random(seed).sample(range(len(items)), n))
+    return [t for i, t in enumerate(items) if i in keep]
+
+
 def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Recipe(), *,
-          base_name: str = "", progress: bool = True) -> dict[str, Any]:
-    """Train the ``module`` adapter on ``traces`` over the HF model in ``base``; returns the report."""
+          base_name: str = "", progress: bool = True, max_train: int = 0, max_val: int = 0) -> dict[str, Any]:
+    """Train the ``module`` adapter on ``traces`` over the HF model in ``base``; returns the report.
+
+    ``max_train`` / ``max_val`` (0: all) take a seeded sample of the traces, for a CPU where each example costs
+    seconds (a note gives one extraction trace but a dozen judgements). The adapter lists the patients of the
+    traces it used."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -87,7 +99,9 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     base_name = base_name or base.name.removesuffix(".hf")  # stam.llm.convert names folders <model>.hf
     if module not in MODULES:
         raise TrainingError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
-    train_traces, val_traces = load_split(traces, "train", module), load_split(traces, "val", module)
+    available = {s: len(load_split(traces, s, module)) for s in ("train", "val")}
+    train_traces = sample(load_split(traces, "train", module), max_train, recipe.seed)
+    val_traces = sample(load_split(traces, "val", module), max_val, recipe.seed)
     if not train_traces:
         raise TrainingError(f"no {module} traces in {traces}/train.jsonl")
     random.seed(recipe.seed)
@@ -197,6 +211,7 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
         "module": module, "base": base_name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "recipe": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(recipe).items()},
         "trainable_parameters": trainable, "train_traces": len(train_set), "val_traces": len(val_set),
+        "traces_available": available,
         "dropped_too_long": {"train": train_dropped, "val": val_dropped},
         "steps": step, "steps_per_epoch": steps_per_epoch, "warmup_steps": warmup,
         "seconds": round(time.perf_counter() - started, 1),

@@ -21,9 +21,11 @@ import json
 import random
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +93,8 @@ def choose_notes(notes_dir: Path, *, notes: int, per_patient: int, exclude: set[
 
 def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 120, per_patient: int = 20,
             exclude: set[str] | None = None, val_fraction: float = 0.1, seed: int = 0, timeout_s: float = 900,
-            progress: bool = True, resume: bool = False) -> dict[str, Any]:
+            progress: bool = True, resume: bool = False, patients_at_once: int = 1,
+            parallel: int = 1) -> dict[str, Any]:
     """Run the teacher at ``url`` (OpenAI-compatible, ``model``) and write ``train.jsonl``, ``val.jsonl`` and
     ``manifest.json`` into ``out``. Returns the manifest.
 
@@ -99,7 +102,11 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     is written first and ``progress.jsonl`` gets a line per patient whose notes are all done. ``resume=True``
     keeps the traces of those patients and goes on with the next one (the traces of a patient cut off midway are
     dropped: their stores are gone, so their notes are run again). An unfinished run is never overwritten
-    without ``resume``."""
+    without ``resume``.
+
+    ``patients_at_once`` patients run side by side, each on its own stores, and ``parallel`` judgements of a
+    note are in flight together: an engine that batches (vLLM) then answers several calls for about the price of
+    one. The traces are the same calls either way (each patient's entries stay in clinical-time order)."""
     from stam.compose import local_deps
     from stam.embedding import Embedder
     from stam.errors import ReasoningError, TrainingError
@@ -115,9 +122,9 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     if not chosen:
         raise TrainingError(f"no notes to run the teacher on in {notes_dir / NOTES_FILE}")
     all_path, plan_path, progress_path = out / "all.jsonl", out / "plan.json", out / "progress.jsonl"
-    client = LLMClient(url, model, timeout_s=timeout_s, retries=1, max_concurrency=1)
-    reasoner = ModelReasoner(client, parallel=1)
-    plan = {"teacher": model, "prompts": reasoner.prompts, "seed": seed,
+    client = LLMClient(url, model, timeout_s=timeout_s, retries=1, max_concurrency=max(1, patients_at_once * parallel))
+    prompt_ids = ModelReasoner(client).prompts
+    plan = {"teacher": model, "prompts": prompt_ids, "seed": seed,
             "notes": {p: [json.loads(line)["id"] for line in lines] for p, lines in chosen.items()}}
     records: list[dict[str, Any]] = []
     if plan_path.exists() and not resume:
@@ -139,58 +146,67 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
         plan_path.write_text(json.dumps(plan, indent=1) + "\n")
         plan_path.chmod(0o600)  # patient ids, as the traces
     finished = {r["patient"] for r in records}
+    embedder = Embedder()
     writer = TraceWriter(all_path)
-    reasoner.trace = writer
     tmp = Path(tempfile.mkdtemp(prefix="stam-traces-"))
-    deps, rclient = local_deps(tmp / "milvus.db", tmp / "redis.rdb", embedder=Embedder(),
-                               router=Router(CodedReasoner(), reasoner))
     n_notes = sum(len(v) for v in chosen.values())
-    done = sum(len(chosen[p]) for p in finished)
+    done = [sum(len(chosen[p]) for p in finished)]
+    lock = threading.Lock()
     if finished and progress:
-        print(f"resuming: {len(finished)} patients, {done} notes done", file=sys.stderr)
-    try:
-        for i, (patient, lines) in enumerate(chosen.items()):
-            if patient in finished:
-                continue
-            started = time.perf_counter()
-            before = {k: v.as_dict() for k, v in reasoner.usage.items()}
-            failed: list[dict[str, str]] = []
-            folder = tmp / f"p{i}"
-            folder.mkdir()
+        print(f"resuming: {len(finished)} patients, {done[0]} notes done", file=sys.stderr)
+
+    def one_patient(i: int, patient: str, lines: list[str]) -> None:
+        # Own stores and reasoner per patient (patients run side by side; the usage is this patient's).
+        started = time.perf_counter()
+        reasoner = ModelReasoner(client, parallel=parallel, trace=writer)
+        folder = tmp / f"p{i}"
+        folder.mkdir()
+        deps, rclient = local_deps(folder / "milvus.db", folder / "redis.rdb", embedder=embedder,
+                                   router=Router(CodedReasoner(), reasoner))
+        failed: list[dict[str, str]] = []
+        try:
             last = max(note_time(json.loads(line)) for line in lines)
+            src = folder / "src"
+            src.mkdir()
             for rtype, hist in patient_lines(notes_dir, patient, HISTORY_TYPES, last[:19]).items():
-                (folder / f"{rtype}.000.ndjson").write_text("\n".join(hist) + "\n")
-            (folder / NOTES_FILE).write_text("\n".join(lines) + "\n")
-            for entry in load_ndjson([folder]).entries:  # clinical-time order
+                (src / f"{rtype}.000.ndjson").write_text("\n".join(hist) + "\n")
+            (src / NOTES_FILE).write_text("\n".join(lines) + "\n")
+            for entry in load_ndjson([src]).entries:  # clinical-time order
                 try:
                     process_entry(entry, deps)
                 except ReasoningError as exc:  # the worker would dead-letter it; the teacher had no valid answer
                     failed.append({"entry_id": entry.entry_id, "patient_id": patient, "error": str(exc)[:300]})
                 if entry.resource_type == "DocumentReference":
-                    done += 1
-                    if progress:
-                        print(f"[{done}/{n_notes}] patient {i + 1}/{len(chosen)} "
-                              f"{time.perf_counter() - started:.0f}s traces={writer.written}", file=sys.stderr)
-            after = {k: v.as_dict() for k, v in reasoner.usage.items()}
-            record = {"patient": patient, "notes": len(lines), "seconds": round(time.perf_counter() - started, 1),
-                      "failed": failed, "usage": {k: {f: round(after[k][f] - before[k][f], 3) for f in after[k]}
-                                                  for k in after}}
-            with progress_path.open("a", encoding="utf-8") as fh:  # after its traces: a record means all are there
-                fh.write(json.dumps(record) + "\n")
+                    with lock:
+                        done[0] += 1
+                        if progress:
+                            print(f"[{done[0]}/{n_notes}] patient {i + 1}/{len(chosen)} "
+                                  f"{time.perf_counter() - started:.0f}s traces={writer.written}", file=sys.stderr)
+        finally:
+            deps.vectors.close()
+            if hasattr(rclient, "close"):
+                rclient.close()
+        record = {"patient": patient, "notes": len(lines), "seconds": round(time.perf_counter() - started, 1),
+                  "failed": failed, "usage": {k: v.as_dict() for k, v in reasoner.usage.items()}}
+        with lock, progress_path.open("a", encoding="utf-8") as fh:  # after its traces: all of them are there
+            fh.write(json.dumps(record) + "\n")
             progress_path.chmod(0o600)
             records.append(record)
+
+    todo = [(i, p, lines) for i, (p, lines) in enumerate(chosen.items()) if p not in finished]
+    try:
+        with ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher") as pool:
+            for f in [pool.submit(one_patient, *t) for t in todo]:
+                f.result()
     finally:
         writer.close()
-        deps.vectors.close()
-        if hasattr(rclient, "close"):
-            rclient.close()
     usage: dict[str, dict[str, float]] = {}
     for r in records:
         for kind, u in r["usage"].items():
             for f, v in u.items():
                 usage.setdefault(kind, {}).setdefault(f, 0)
                 usage[kind][f] = round(usage[kind][f] + v, 3)
-    manifest = split(out, chosen, url=url, model=model, prompts=reasoner.prompts, val_fraction=val_fraction,
+    manifest = split(out, chosen, url=url, model=model, prompts=prompt_ids, val_fraction=val_fraction,
                      seed=seed, seconds=sum(r["seconds"] for r in records),
                      failed=[f for r in records for f in r["failed"]], usage=usage)
     plan_path.unlink()

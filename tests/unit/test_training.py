@@ -133,3 +133,13 @@ def test_an_unfinished_teacher_run_is_never_overwritten_and_resumes_only_the_sam
     with pytest.raises(TrainingError, match="another teacher, prompt version or choice of notes"):
         collect(BULK, tmp_path, model="teacher", resume=True, **kw)  # type: ignore[arg-type]
     assert (tmp_path / "plan.json").read_text() == "{}"
+
+
+def test_a_training_sample_is_seeded_and_keeps_file_order() -> None:
+    from stam.training.lora import sample
+
+    items = [trace(f"p{i}") for i in range(20)]
+    a, b = sample(items, 5, seed=1), sample(items, 5, seed=1)
+    assert a == b and len(a) == 5 and sample(items, 5, seed=2) != a
+    assert [items.index(t) for t in a] == sorted(items.index(t) for t in a)
+    assert sample(items, 0, seed=1) == items and sample(items, 50, seed=1) == items
