@@ -20,8 +20,31 @@ GGUF_NAME = "adapter.gguf"
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
 
 
+def default_out(adapter: Path) -> Path:
+    """Where the converted adapter goes: beside it, or, where that folder is read-only (a mounted volume in a
+    container with a read-only root), in a writable cache named after the folder's path."""
+    import hashlib
+    import os
+    import tempfile
+
+    from stam.llm.weights import cache_dir
+
+    if os.access(adapter, os.W_OK):
+        return adapter / GGUF_NAME
+    key = hashlib.sha256(str(adapter.resolve()).encode()).hexdigest()[:16]
+    for root in (cache_dir() / "loras", Path(tempfile.gettempdir()) / "stam-loras"):
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(root, os.W_OK):
+            return root / f"{adapter.name}-{key}.gguf"
+    raise WeightsError(f"{adapter}: read-only, and no writable cache for its GGUF conversion (set STAM_MODEL_CACHE)")
+
+
 def to_gguf(adapter: Path, out: Path | None = None, *, arch: str = "qwen2") -> Path:
-    """Convert the peft adapter folder ``adapter`` (safetensors) to GGUF; returns the file."""
+    """Convert the peft adapter folder ``adapter`` (safetensors) to GGUF; returns the file (``default_out``
+    unless ``out`` is given; an existing conversion newer than the weights is reused)."""
     import gguf
     import numpy as np
     from safetensors.numpy import load_file
@@ -31,7 +54,7 @@ def to_gguf(adapter: Path, out: Path | None = None, *, arch: str = "qwen2") -> P
     config_path = adapter / "adapter_config.json"
     if not weights.is_file() or not config_path.is_file():
         raise WeightsError(f"{adapter}: not a peft adapter folder (adapter_config.json, adapter_model.safetensors)")
-    out = out or adapter / GGUF_NAME
+    out = out or default_out(adapter)
     if out.is_file() and out.stat().st_mtime >= weights.stat().st_mtime:
         return out
     config = json.loads(config_path.read_text())

@@ -143,3 +143,20 @@ def test_a_training_sample_is_seeded_and_keeps_file_order() -> None:
     assert a == b and len(a) == 5 and sample(items, 5, seed=2) != a
     assert [items.index(t) for t in a] == sorted(items.index(t) for t in a)
     assert sample(items, 0, seed=1) == items and sample(items, 50, seed=1) == items
+
+
+def test_an_adapter_on_a_read_only_volume_is_converted_into_the_model_cache(tmp_path: Path, monkeypatch:
+                                                                             pytest.MonkeyPatch) -> None:
+    import os
+
+    from stam.training.gguf_lora import default_out
+
+    adapter = tmp_path / "mounted" / "extract"
+    adapter.mkdir(parents=True)
+    assert default_out(adapter) == adapter / "adapter.gguf"
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == adapter else real(p, mode))
+    monkeypatch.setenv("STAM_MODEL_CACHE", str(tmp_path / "cache"))
+    out = default_out(adapter)
+    assert out.parent == tmp_path / "cache" / "loras" and out.name.startswith("extract-") and out.suffix == ".gguf"
+    assert default_out(adapter) == out  # the same folder, the same file: converted once
