@@ -46,11 +46,11 @@ def structured(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
         schema = (fmt.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
             raise ValueError("response_format.json_schema.schema must be a JSON object")
-        return {"json": schema, "disable_any_whitespace": True}
+        return {"json": schema}
     if fmt.get("type") == "json_object":
         if isinstance(fmt.get("schema"), dict):
-            return {"json": fmt["schema"], "disable_any_whitespace": True}
-        return {"json_object": True, "disable_any_whitespace": True}
+            return {"json": fmt["schema"]}
+        return {"json_object": True}
     raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
 
 
@@ -81,12 +81,15 @@ def build_vllm_app(engine: VllmEngine) -> Any:
     class VllmServer:
         def __init__(self, cfg: dict[str, Any]) -> None:
             from vllm import AsyncEngineArgs
+            from vllm.config import StructuredOutputsConfig
             from vllm.lora.request import LoRARequest
             from vllm.v1.engine.async_llm import AsyncLLM
 
             self.cfg = VllmEngine.model_validate(cfg)
             path = model_path(self.cfg)
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**vllm_engine_kwargs(self.cfg, path)))
+            kwargs = vllm_engine_kwargs(self.cfg, path)
+            kwargs["structured_outputs_config"] = StructuredOutputsConfig(**kwargs["structured_outputs_config"])
+            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
             self.tokenizer = self.engine.get_tokenizer()
             # lora_int_id must be unique per adapter and stable for the replica's life.
             self.loras = {name: LoRARequest(name, i, folder)

@@ -3,7 +3,8 @@
 The paper's recipe (appendix "Write-Module Fine-Tuning") is the default: rank 32, alpha 64, dropout 0.05 on all
 attention and MLP projections, learning rate 1e-4 with a linear warm-up over the first 3% of steps (then linear
 decay), gradient clipping at 1.0, an effective batch of 8 (micro-batches of 1, gradients accumulated), at most two
-epochs, cross-entropy on the teacher's response tokens only (the prompt is masked from the loss).
+epochs, cross-entropy on the teacher's response tokens only (the prompt is masked from the loss). Replies are
+learnt as compact JSON (the teacher's value, without the whitespace an engine may have let it print).
 
 Inputs are the traces of ``stam train traces`` (``train.jsonl`` and ``val.jsonl``, split by patient), filtered
 to the module. Each trace becomes the chat template of its messages plus the teacher's reply. Validation loss is
@@ -60,10 +61,19 @@ def load_split(folder: Path, split: str, module: str) -> list[Trace]:
     return [t for t in read_traces(path) if t.module == module]
 
 
+def compact(reply: str) -> str:
+    """The teacher's JSON reply without free whitespace (the same value; what vLLM's grammar lets the student say,
+    and fewer tokens to learn and to generate). A reply that is not JSON is kept as it is."""
+    try:
+        return json.dumps(json.loads(reply), ensure_ascii=False, separators=(",", ":"))
+    except ValueError:
+        return reply
+
+
 def encode(tokenizer: Any, trace: Trace) -> tuple[list[int], list[int]]:
-    """Token ids of prompt + reply, and labels with the prompt masked (loss on the reply only)."""
+    """Token ids of prompt + reply (compacted), and labels with the prompt masked (loss on the reply only)."""
     prompt = tokenizer.apply_chat_template(trace.messages, tokenize=False, add_generation_prompt=True)
-    full = tokenizer.apply_chat_template([*trace.messages, {"role": "assistant", "content": trace.reply}],
+    full = tokenizer.apply_chat_template([*trace.messages, {"role": "assistant", "content": compact(trace.reply)}],
                                          tokenize=False)
     if not full.startswith(prompt):
         raise TrainingError("the chat template does not extend the prompt with the reply; cannot mask the prompt")

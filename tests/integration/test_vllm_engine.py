@@ -106,6 +106,8 @@ def test_the_reasoner_gets_validated_facts_from_vllm_and_the_adapter_changes_the
     assert status == 200
     assert plain["choices"][0]["message"]["content"] != tuned["choices"][0]["message"]["content"]
     assert tuned["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"] > 300
+    # Compact JSON (the engine's structured-outputs config): no pretty-printing newlines paid for token by token.
+    assert "\n" not in plain["choices"][0]["message"]["content"], plain["choices"][0]["message"]["content"][:200]
 
     # The adapter of the tiny training run: loaded by name, and its greedy answer is not the base model's.
     status, trained = _post(f"{url}/chat/completions", {**body, "model": "tiny"})

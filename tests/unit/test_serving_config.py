@@ -30,6 +30,8 @@ def test_vllm_engine_maps_to_engine_args_and_replica_options() -> None:
     assert kw["model"] == "/models/qwen" and kw["served_model_name"] == "qwen"
     assert kw["tensor_parallel_size"] == 2 and kw["gpu_memory_utilization"] == 0.9
     assert (kw["enable_lora"], kw["max_loras"], kw["max_lora_rank"]) == (True, 1, 32)
+    # Compact JSON is an engine setting in vLLM 0.32 (its xgrammar backend ignores the per-request field).
+    assert kw["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
     opts = vllm_deployment_options(engine)
     assert opts["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 8, "target_ongoing_requests": 32}
     assert opts["ray_actor_options"]["num_gpus"] == 2 and opts["ray_actor_options"]["accelerator_type"] == "A100"
@@ -51,9 +53,8 @@ def test_vllm_request_translation() -> None:
     from stam.serving.vllm_app import sampling_kwargs, structured
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    assert structured({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) == {
-        "json": schema, "disable_any_whitespace": True}
-    assert structured({"type": "json_object"}) == {"json_object": True, "disable_any_whitespace": True}
+    assert structured({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) == {"json": schema}
+    assert structured({"type": "json_object"}) == {"json_object": True}
     assert structured(None) is None and structured({"type": "text"}) is None
     with pytest.raises(ValueError, match="unsupported"):
         structured({"type": "regex"})

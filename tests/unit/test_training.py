@@ -160,3 +160,12 @@ def test_an_adapter_on_a_read_only_volume_is_converted_into_the_model_cache(tmp_
     out = default_out(adapter)
     assert out.parent == tmp_path / "cache" / "loras" and out.name.startswith("extract-") and out.suffix == ".gguf"
     assert default_out(adapter) == out  # the same folder, the same file: converted once
+
+
+def test_replies_are_learnt_as_compact_json_of_the_same_value() -> None:
+    from stam.training.lora import compact
+
+    pretty = '{\n  "new_is": "current",\n  "links": [\n    {\n      "n": 1,\n      "type": "restatement"\n    }\n  ]\n}'
+    assert compact(pretty) == '{"new_is":"current","links":[{"n":1,"type":"restatement"}]}'
+    assert json.loads(compact(pretty)) == json.loads(pretty)
+    assert compact('{"name": "café"}') == '{"name":"café"}' and compact("not json") == "not json"
