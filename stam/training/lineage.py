@@ -12,8 +12,9 @@ from stam.training.adapters import META
 
 
 def trained_on(patient_id: str, roots: Iterable[Path]) -> dict[str, list[str]]:
-    """Adapter folders (``stam_adapter.json``) and trace sets (``manifest.json`` of ``stam train traces``) under
-    ``roots`` whose patients include ``patient_id`` (training or validation)."""
+    """Adapter folders (``stam_adapter.json``) and trace sets (``manifest.json`` of ``stam train traces``, or the
+    ``plan.json`` of a run not finished yet) under ``roots`` whose patients include ``patient_id`` (training or
+    validation)."""
     adapters: set[str] = set()
     traces: set[str] = set()
     for root in roots:
@@ -30,6 +31,10 @@ def trained_on(patient_id: str, roots: Iterable[Path]) -> dict[str, list[str]]:
             if isinstance(splits, dict) and any(patient_id in (s.get("patients") or []) for s in splits.values()
                                                 if isinstance(s, dict)):
                 traces.add(str(manifest.parent))
+        for plan in root.rglob("plan.json"):  # an unfinished teacher run (stam train traces --resume)
+            notes = _json(plan).get("notes")
+            if isinstance(notes, dict) and patient_id in notes:
+                traces.add(str(plan.parent))
     return {"adapters": sorted(adapters), "trace_sets": sorted(traces)}
 
 

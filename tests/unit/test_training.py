@@ -118,6 +118,10 @@ def test_erasure_finds_the_adapters_and_trace_sets_that_learnt_from_a_patient(tm
     assert trained_on("p3", [tmp_path]) == {"adapters": [str(a)], "trace_sets": [str(t)]}
     assert trained_on("p2", [tmp_path]) == {"adapters": [str(a), str(b)], "trace_sets": []}
     assert trained_on("p9", [tmp_path, tmp_path / "missing"]) == {"adapters": [], "trace_sets": []}
+    running = tmp_path / "running"  # a teacher run not finished yet: its plan names the patients
+    running.mkdir()
+    (running / "plan.json").write_text(json.dumps({"teacher": "t", "notes": {"p9": ["n1"]}}))
+    assert trained_on("p9", [tmp_path]) == {"adapters": [], "trace_sets": [str(running)]}
 
 
 @pytest.mark.skipif(not BULK.is_dir(), reason="shared data not present")
