@@ -68,6 +68,10 @@ def cmd_traces(args: argparse.Namespace) -> int:
     except TrainingError as exc:
         print(f"stam train traces: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"stam train traces: interrupted; the finished patients are kept in {args.out} "
+              "(the same command with --resume goes on)", file=sys.stderr)
+        return 130
     finally:
         if stop is not None:
             stop()

@@ -152,6 +152,7 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     n_notes = sum(len(v) for v in chosen.values())
     done = [sum(len(chosen[p]) for p in finished)]
     lock = threading.Lock()
+    stop = threading.Event()  # set on Ctrl-C or a failure: the other patients stop after their current entry
     if finished and progress:
         print(f"resuming: {len(finished)} patients, {done[0]} notes done", file=sys.stderr)
 
@@ -172,6 +173,8 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
                 (src / f"{rtype}.000.ndjson").write_text("\n".join(hist) + "\n")
             (src / NOTES_FILE).write_text("\n".join(lines) + "\n")
             for entry in load_ndjson([src]).entries:  # clinical-time order
+                if stop.is_set():
+                    return  # unfinished: no progress record, so --resume runs this patient again
                 try:
                     process_entry(entry, deps)
                 except ReasoningError as exc:  # the worker would dead-letter it; the teacher had no valid answer
@@ -194,12 +197,22 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
             records.append(record)
 
     todo = [(i, p, lines) for i, (p, lines) in enumerate(chosen.items()) if p not in finished]
+    started = time.perf_counter()
+    pool = ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher")
     try:
-        with ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher") as pool:
-            for f in [pool.submit(one_patient, *t) for t in todo]:
-                f.result()
+        for f in [pool.submit(one_patient, *t) for t in todo]:
+            f.result()
+    except BaseException:
+        stop.set()
+        if progress:
+            print("stopping: the patients in progress stop after their current entry (--resume goes on)",
+                  file=sys.stderr)
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         writer.close()
+    if stop.is_set():
+        raise TrainingError("stopped before every patient was done; --resume goes on")
     usage: dict[str, dict[str, float]] = {}
     for r in records:
         for kind, u in r["usage"].items():
@@ -207,8 +220,9 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
                 usage.setdefault(kind, {}).setdefault(f, 0)
                 usage[kind][f] = round(usage[kind][f] + v, 3)
     manifest = split(out, chosen, url=url, model=model, prompts=prompt_ids, val_fraction=val_fraction,
-                     seed=seed, seconds=sum(r["seconds"] for r in records),
-                     failed=[f for r in records for f in r["failed"]], usage=usage)
+                     seed=seed, seconds=time.perf_counter() - started,
+                     failed=[f for r in records for f in r["failed"]], usage=usage,
+                     patient_seconds=sum(r["seconds"] for r in records))
     plan_path.unlink()
     progress_path.unlink(missing_ok=True)
     return manifest
@@ -216,7 +230,7 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
 
 def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prompts: dict[str, str],
           val_fraction: float, seed: int, seconds: float, failed: list[dict[str, str]],
-          usage: dict[str, Any]) -> dict[str, Any]:
+          usage: dict[str, Any], patient_seconds: float | None = None) -> dict[str, Any]:
     """``all.jsonl`` -> ``train.jsonl`` / ``val.jsonl`` by patient, and the manifest."""
     patients = sorted(chosen)
     val = {p for p in patients if is_validation(p, seed, val_fraction)}
@@ -233,7 +247,10 @@ def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prom
     (out / "all.jsonl").unlink()
     manifest = {
         "teacher": {"url": url, "model": model}, "prompts": prompts, "seed": seed, "val_fraction": val_fraction,
-        "seconds": round(seconds, 1), "usage": usage,
+        # seconds: wall time of the invocation that finished; patient_seconds: each patient's time, summed
+        # over every invocation (patients run side by side overlap).
+        "seconds": round(seconds, 1), "patient_seconds": round(patient_seconds if patient_seconds is not None
+                                                                else seconds, 1), "usage": usage,
         "splits": {s: {"patients": sorted(ps), "notes": sum(len(chosen[p]) for p in ps),
                        "note_ids": [json.loads(line)["id"] for p in sorted(ps) for line in chosen[p]],
                        "traces": dict(counts[s])}
