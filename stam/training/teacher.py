@@ -258,4 +258,5 @@ def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prom
         "failed": failed,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "manifest.json").chmod(0o600)  # patient and note ids
     return manifest
