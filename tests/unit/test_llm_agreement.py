@@ -57,3 +57,22 @@ def test_compare_gives_paired_intervals_around_the_difference(tmp_path: Path, ca
     assert g["judgement"]["verdict"]["agreement"] == 0.5 and g["judgement"]["calls"] == 10
     lo, hi = g["judgement"]["verdict"]["ci95"]
     assert lo < 0.5 < hi
+
+
+def test_the_matrix_summary_has_a_row_per_configuration_present(tmp_path: Path) -> None:
+    from benchmarks.llm_matrix import configs, summarise
+
+    table = configs(tmp_path / "adapters")
+    assert set(table) == {f"{m}-{e}" for m in ("0.5b", "0.5b+lora", "1.5b") for e in ("llamacpp", "vllm")}
+    assert "--judge-model" in table["0.5b+lora-vllm"] and "--lora" not in table["0.5b-vllm"]
+    fact = [["condition", "hypertension", "active"]]
+    _run(tmp_path / "1.5b-vllm.agree.json", [fact] * 10)
+    _run(tmp_path / "0.5b-vllm.agree.json", [fact if i % 2 else [] for i in range(10)])
+    (tmp_path / "0.5b-vllm.gold.json").write_text(json.dumps({
+        "notes": 6, "dead_lettered_notes": 0, "extraction": {"precision": 0.8, "recall": 0.4, "f1": 0.533},
+        "link_update_calls_per_new_memory": 0.5, "seconds_per_note": {"mean": 30.0, "max": 50.0}}))
+    rows = summarise(tmp_path, table, "1.5b-vllm")["configurations"]
+    assert set(rows) == {"0.5b-vllm", "1.5b-vllm"}
+    assert rows["0.5b-vllm"]["gold"]["f1"] == 0.533 and rows["0.5b-vllm"]["gold"]["seconds_per_note"] == 30.0
+    assert rows["0.5b-vllm"]["agreement"]["notes_vs_teacher"]["f1"] == round(2 * 5 / 15, 3)
+    assert rows["1.5b-vllm"]["agreement"]["notes_vs_teacher"]["f1_minus_baseline"]["difference"] > 0
