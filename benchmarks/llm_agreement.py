@@ -37,6 +37,7 @@ import json
 import random
 import re
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -93,10 +94,9 @@ def run(args: argparse.Namespace) -> int:
     chosen, seen = held_out_notes(args.traces, args.notes, args.per_patient, args.seed)
     assert not set(chosen) & seen, "a held-out note of a patient the traces come from"
     lines = [line for ls in chosen.values() for line in ls]
-    tmp = args.out.with_suffix(".notes")
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "DocumentReference.000.ndjson").write_text("\n".join(lines) + "\n")
-    entries = load_ndjson([tmp]).entries
+    with tempfile.TemporaryDirectory(prefix="stam-agree-") as tmp:  # note text: not left beside the report
+        (Path(tmp) / "DocumentReference.000.ndjson").write_text("\n".join(lines) + "\n")
+        entries = load_ndjson([Path(tmp)]).entries
     judge = [t for t in read_traces(args.traces / "val.jsonl") if t.module == "update"][: args.judgements or None]
 
     loras = parse_loras(args.lora)
@@ -200,6 +200,12 @@ def ci(values: list[float], lo: float = 0.025, hi: float = 0.975) -> list[float]
 
 
 def compare(args: argparse.Namespace) -> int:
+    print(json.dumps(score(args), indent=1))
+    return 0
+
+
+def score(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``compare`` step's report (``teacher``, ``runs``, ``baseline``, ``resamples``, ``seed``)."""
     teacher = json.loads(args.teacher.read_text())
     ref = {r["note"]: r["facts"] for r in teacher["notes"] if r["error"] is None}
     runs = {str(p): json.loads(p.read_text()) for p in args.runs}
@@ -244,8 +250,7 @@ def compare(args: argparse.Namespace) -> int:
             diffs = [f1([rows[i] for i in b]) - f1([base[i] for i in b]) for b in boots]
             out["runs"][name]["extraction"]["f1_minus_baseline"] = {
                 "baseline": baseline, "difference": round(f1(rows) - f1(base), 3), "ci95": ci(diffs)}
-    print(json.dumps(out, indent=1))
-    return 0
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -112,14 +112,9 @@ def summarise(out: Path, table: dict[str, list[str]], teacher: str) -> dict[str,
             base = out / f"0.5b-{engine}.agree.json"
             if not runs:
                 continue
-            import contextlib
-            import io
-
-            buf = io.StringIO()
-            with contextlib.redirect_stdout(buf):
-                llm_agreement.compare(argparse.Namespace(teacher=ref, runs=runs, resamples=2000, seed=0,
-                                                         baseline=base if base.exists() else None))
-            for path, r in json.loads(buf.getvalue())["runs"].items():
+            scores = llm_agreement.score(argparse.Namespace(teacher=ref, runs=runs, resamples=2000, seed=0,
+                                                            baseline=base if base.exists() else None))
+            for path, r in scores["runs"].items():
                 agreement[Path(path).name.removesuffix(".agree.json")] = r
     for name in table:
         row: dict[str, Any] = {}

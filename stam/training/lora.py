@@ -109,9 +109,9 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     base_name = base_name or base.name.removesuffix(".hf")  # stam.llm.convert names folders <model>.hf
     if module not in MODULES:
         raise TrainingError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
-    available = {s: len(load_split(traces, s, module)) for s in ("train", "val")}
-    train_traces = sample(load_split(traces, "train", module), max_train, recipe.seed)
-    val_traces = sample(load_split(traces, "val", module), max_val, recipe.seed)
+    all_train, all_val = load_split(traces, "train", module), load_split(traces, "val", module)
+    available = {"train": len(all_train), "val": len(all_val)}
+    train_traces, val_traces = sample(all_train, max_train, recipe.seed), sample(all_val, max_val, recipe.seed)
     if not train_traces:
         raise TrainingError(f"no {module} traces in {traces}/train.jsonl")
     random.seed(recipe.seed)
