@@ -173,3 +173,41 @@ def test_replies_are_learnt_as_compact_json_of_the_same_value() -> None:
     assert compact(pretty) == '{"new_is":"current","links":[{"n":1,"type":"restatement"}]}'
     assert json.loads(compact(pretty)) == json.loads(pretty)
     assert compact('{"name": "café"}') == '{"name":"café"}' and compact("not json") == "not json"
+
+
+def test_the_device_check_builds_a_tiny_model_of_the_students_architecture(tmp_path: Path) -> None:
+    """benchmarks.lora_device's stand-in for a student whose weights cannot travel: same architecture and
+    vocabulary, two layers, loadable, its tokenizer files copied beside it."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from benchmarks.lora_device import tiny_model
+
+    source = tmp_path / "student"
+    Qwen2Config(vocab_size=512, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, intermediate_size=4864).save_pretrained(source)
+    (source / "chat_template.jinja").write_text("{{ messages }}")
+    model = AutoModelForCausalLM.from_pretrained(tiny_model(source, tmp_path / "tiny"))
+    assert model.config.model_type == "qwen2" and model.config.vocab_size == 512
+    assert model.config.num_hidden_layers == 2 and model.config.hidden_size == 64
+    assert (tmp_path / "tiny" / "chat_template.jinja").read_text() == "{{ messages }}"
+
+
+def test_the_reply_only_loss_is_the_full_causal_lm_loss(tmp_path: Path) -> None:
+    """Training computes logits only where a reply token is predicted; the loss is HF's own with the prompt
+    masked, to float precision, and an example without a prompt is refused."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    from stam.errors import TrainingError
+    from stam.training.lora import IGNORE, response_loss
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Qwen2Config(
+        vocab_size=300, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=64)).eval()
+    ids = [5, 17, 42, 9, 250, 3, 77, 120]
+    labels = [IGNORE] * 5 + ids[5:]
+    full = model(input_ids=torch.tensor([ids]), labels=torch.tensor([labels])).loss
+    assert torch.allclose(response_loss(model, ids, labels, "cpu"), full, atol=1e-5)
+    with pytest.raises(TrainingError):
+        response_loss(model, ids, list(ids), "cpu")
