@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -60,6 +61,10 @@ def cmd_traces(args: argparse.Namespace) -> int:
             ray.shutdown()
     from stam.errors import TrainingError
 
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # kill PID (a service manager's stop) ends the run as Ctrl-C does
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         manifest = collect(notes_dir, args.out, url=url, model=args.teacher_model, notes=args.notes,
                            per_patient=args.per_patient, exclude=exclude, val_fraction=args.val_fraction,
@@ -69,10 +74,11 @@ def cmd_traces(args: argparse.Namespace) -> int:
         print(f"stam train traces: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"stam train traces: interrupted; the finished patients are kept in {args.out} "
+        print(f"stam train traces: stopped; the finished patients are kept in {args.out} "
               "(the same command with --resume goes on)", file=sys.stderr)
         return 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if stop is not None:
             stop()
     summary = {s: {k: v for k, v in d.items() if k in ("notes", "traces")} | {"patients": len(d["patients"])}
@@ -137,7 +143,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="patients run side by side, each on its own stores (default 1)")
     t.add_argument("--parallel", type=int, default=1, help="judgements of one note in flight together (default 1)")
     t.add_argument("--resume", action="store_true",
-                   help="go on with the unfinished run in --out (same options): finished patients are kept")
+                   help="go on with the unfinished run in --out (same options): finished patients are kept "
+                   "(Ctrl-C or SIGTERM stops a run after the current entries)")
     t.set_defaults(fn=cmd_traces)
     from stam.training.lora import Recipe
 

@@ -71,3 +71,40 @@ def test_a_trained_adapter_is_served_by_name_and_switched_per_request(served: tu
     assert tuned.content != first.content
     assert again.content == first.content  # the adapter is off again, and no prefix evaluated with it is reused
     assert tuned.prompt_tokens == first.prompt_tokens > 300
+
+
+def test_a_teacher_run_stopped_by_sigterm_keeps_its_plan_and_says_how_to_go_on(
+        served: tuple[str, Any], tmp_path: Path) -> None:
+    """`stam train traces` against the served model (as an OpenAI-compatible teacher), stopped with SIGTERM once
+    its first trace is written: the entries in flight finish, one line names --resume, exit status 130, and the
+    plan stays for --resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import DATA
+
+    url, _ = served
+    out = tmp_path / "traces"
+    env = dict(os.environ, STAM_SHARED_DATA=str(DATA))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stam.cli", "train", "traces", "--teacher-url", url, "--teacher-model", MODEL,
+         "--notes", "4", "--per-patient", "2", "--out", str(out)],
+        cwd=Path(__file__).resolve().parents[2], env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ((out / "all.jsonl").is_file() and (out / "all.jsonl").stat().st_size) and proc.poll() is None:
+            assert time.monotonic() < deadline, "no trace written in 300 s"
+            time.sleep(1)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    # (Milvus Lite logs a harmless grpc traceback of its own, AllocTimestamp; the signal must not end in one)
+    assert "stopped" in err and "--resume" in err and "KeyboardInterrupt" not in err, err[-4000:]
+    assert (out / "plan.json").is_file()
