@@ -85,7 +85,7 @@ def encode(tokenizer: Any, trace: Trace) -> tuple[list[int], list[int]]:
 def response_loss(model: Any, ids: list[int], labels: list[int], device: Any) -> Any:
     """Mean cross-entropy over the reply tokens, HF's causal-LM loss with these labels, but the vocabulary
     projection is computed only where a reply token is predicted (``logits_to_keep``): the prompt is most of each
-    example and its 151,936-wide logits were most of a CPU step's memory traffic."""
+    example, and its 151,936-wide logits were computed and kept for nothing."""
     import torch
 
     first = next((i for i, lab in enumerate(labels) if lab != IGNORE), None)
