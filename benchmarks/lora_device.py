@@ -91,23 +91,24 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="stam-lora-device-"))
-    model = args.base_dir or tiny_model(args.tiny_from, work / "tiny", full=args.full_size)
-    train_kw: dict[str, Any] = {"base_name": model.name, "progress": False}
-    result: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                              "torch": torch.__version__, "base": str(model) if args.base_dir else
-                              "random, student's size" if args.full_size else "tiny-random"}
-    for module in ("extract", "update"):
+    try:
+        model = args.base_dir or tiny_model(args.tiny_from, work / "tiny", full=args.full_size)
+        result: dict[str, Any] = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                                  "torch": torch.__version__, "base": str(model) if args.base_dir else
+                                  "random, student's size" if args.full_size else "tiny-random"}
         recipe = Recipe(max_steps=args.max_steps, learning_rate=args.lr)
-        r = train(module, args.traces, model, work / module, recipe, **train_kw)
-        result[module] = {k: r[k] for k in ("device", "dtype", "steps", "seconds", "seconds_per_step", "peak_gpu_mb",
-                                            "peak_rss_mb", "train_traces", "val_traces", "history")}
-    result["adapter_changed_output"] = changed_output(model, work / "update", args.traces)
+        for module in ("extract", "update"):
+            r = train(module, args.traces, model, work / module, recipe, base_name=model.name, progress=False)
+            result[module] = {k: r[k] for k in ("device", "dtype", "steps", "seconds", "seconds_per_step",
+                                                "peak_gpu_mb", "peak_rss_mb", "train_traces", "val_traces", "history")}
+        result["adapter_changed_output"] = changed_output(model, work / "update", args.traces)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     line = json.dumps(result)
     print(line)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "lora-device.json").write_text(line + "\n")
-    shutil.rmtree(work, ignore_errors=True)
     return 0
 
 
