@@ -10,7 +10,8 @@ Two steps, so that each configuration runs once and any pair can be compared:
   write path calls it (schema-constrained, grounded, de-duplicated);
 - the held-out link+update calls: every link+update prompt of the traces' validation patients, sent as the
   teacher saw it (the teacher's own reply is in the trace).
-It writes the facts, judgements, seconds and tokens per item to ``--out`` (JSON).
+It writes the facts, judgements, seconds and tokens per item to ``--out`` (JSON). Each finished item goes to
+``OUT.journal`` first, so a run stopped midway goes on from there when the same command is given again.
 
 ``compare``: a reference run (``--teacher``: the teacher's own run over the same notes) against each other run:
 - extraction: facts matched one-to-one by name words (Dice >= 0.5, as ``benchmarks/llm_notes.py`` scores the
@@ -39,7 +40,8 @@ import re
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +79,66 @@ def held_out_notes(traces: Path, notes: int, per_patient: int, seed: int) -> tup
     return choose_notes(BULK, notes=notes, per_patient=per_patient, exclude=seen, seed=seed), seen
 
 
+class Journal:
+    """The rows of a ``run`` as they finish, in ``OUT.journal`` (JSON lines, mode 0600: note facts), so that a run
+    stopped midway (Ctrl-C, a kill, the end of a session) goes on from where it was: the same command skips the
+    rows already there. The first line is the run's header (model, engine, adapters, prompt versions, the notes
+    and calls chosen); a journal with another header is refused rather than mixed in. Removed once the report is
+    written."""
+
+    def __init__(self, out: Path, header: dict[str, Any]) -> None:
+        self.path = out.with_name(out.name + ".journal")
+        self.done: dict[str, dict[int, dict[str, Any]]] = {"note": {}, "judgement": {}}
+        self.walls: dict[str, dict[int, float]] = {"note": {}, "judgement": {}}
+        """Per kind, per run segment: seconds from the segment's start of that kind to its last finished row."""
+        self.segment = 1
+        if self.path.exists():
+            lines = [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+            if not lines or lines[0].get("header") != header:
+                raise SystemExit(f"llm_agreement: {self.path} is another run's journal (model, adapters, prompts, "
+                                 f"notes or calls differ); remove it to start again")
+            for row in lines[1:]:
+                self.done[row["kind"]][row["i"]] = row["row"]
+                walls = self.walls[row["kind"]]
+                walls[row["segment"]] = max(walls.get(row["segment"], 0.0), row["t"])
+                self.segment = max(self.segment, row["segment"] + 1)
+            print(f"llm_agreement: resuming {self.path.name}: {len(self.done['note'])} notes and "
+                  f"{len(self.done['judgement'])} judgement calls already done", file=sys.stderr)
+        else:
+            self.path.write_text(json.dumps({"header": header}) + "\n")
+            self.path.chmod(0o600)
+
+    def phase(self, kind: str, pool: ThreadPoolExecutor, fn: Callable[[int], dict[str, Any]], n: int) -> None:
+        """Run ``fn`` over the rows of ``kind`` not yet done, appending each as it finishes."""
+        started = time.perf_counter()
+        futures = {pool.submit(fn, i): i for i in range(n) if i not in self.done[kind]}
+        try:
+            with self.path.open("a") as fh:
+                for fut in as_completed(futures):
+                    i, row = futures[fut], fut.result()
+                    t = round(time.perf_counter() - started, 1)
+                    self.done[kind][i] = row
+                    self.walls[kind][self.segment] = t
+                    fh.write(json.dumps({"kind": kind, "i": i, "segment": self.segment, "t": t, "row": row}) + "\n")
+                    fh.flush()
+                    k = len(self.done[kind])
+                    if kind == "note":
+                        print(f"[extract {k}/{n}] {row['seconds']}s facts={len(row['facts'])}", file=sys.stderr)
+                    elif k % 10 == 0 or k == n:
+                        print(f"[judge {k}/{n}]", file=sys.stderr)
+        except BaseException:  # Ctrl-C, a kill, a bug: what has not started does not start
+            for fut in futures:
+                fut.cancel()
+            raise
+
+    def rows(self, kind: str) -> list[dict[str, Any]]:
+        return [self.done[kind][i] for i in sorted(self.done[kind])]
+
+    def wall(self, kind: str) -> float:
+        """Wall seconds of the finished rows of ``kind``, summed over the run's segments."""
+        return round(sum(self.walls[kind].values()), 1)
+
+
 def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
@@ -100,6 +162,11 @@ def run(args: argparse.Namespace) -> int:
     judge = [t for t in read_traces(args.traces / "val.jsonl") if t.module == "update"][: args.judgements or None]
 
     loras = parse_loras(args.lora)
+    models = {"extraction": args.extract_model, "link+update": args.judge_model}
+    journal = Journal(args.out, {
+        "model": args.model, "engine": args.engine, "loras": loras, "adapters": models,
+        "prompts": {p.purpose: p.id for p in (prompts.EXTRACT, prompts.JUDGE)}, "traces": str(args.traces),
+        "seed": args.seed, "notes": [e.entry_id for e in entries], "calls": [call_key(t.messages) for t in judge]})
     engine = local_engine(args.engine, args.model, n_ctx=args.n_ctx, loras=loras)
     port = free_port()
     t0 = time.perf_counter()
@@ -107,20 +174,21 @@ def run(args: argparse.Namespace) -> int:
     serve_start_s = time.perf_counter() - t0
     client = LLMClient(f"http://127.0.0.1:{port}/v1", args.model, timeout_s=1800, retries=1,
                        max_concurrency=args.concurrency)
-    models = {"extraction": args.extract_model, "link+update": args.judge_model}
     reasoner = ModelReasoner(client, parallel=1, models=models)
 
     def extract(i: int) -> dict[str, Any]:
         e = entries[i]
+        one = ModelReasoner(client, parallel=1, models=models)  # its own usage: tokens per note, kept on resume
         t = time.perf_counter()
         try:
-            mems = reasoner.extract(e)
+            mems = one.extract(e)
             facts = [[m.category.value, (m.embed_text or m.text).split(": ", 1)[-1], m.status or ""]
                      for m in mems if m.category.value != "note"]
             error = None
         except ReasoningError as exc:
             facts, error = [], str(exc)[:300]
-        return {"note": e.entry_id, "facts": facts, "error": error, "seconds": round(time.perf_counter() - t, 2)}
+        return {"note": e.entry_id, "facts": facts, "error": error, "seconds": round(time.perf_counter() - t, 2),
+                "usage": one.usage["extraction"].as_dict()}
 
     def judgement(i: int) -> dict[str, Any]:
         tr = judge[i]
@@ -136,29 +204,22 @@ def run(args: argparse.Namespace) -> int:
                 "teacher": json.loads(tr.reply), "seconds": round(time.perf_counter() - t, 2),
                 "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}
 
-    started = time.perf_counter()
     try:
         with ThreadPoolExecutor(args.concurrency) as pool:
-            notes_out = []
-            for k, row in enumerate(pool.map(extract, range(len(entries))), 1):
-                notes_out.append(row)
-                print(f"[extract {k}/{len(entries)}] {row['seconds']}s facts={len(row['facts'])}", file=sys.stderr)
-            extract_s = time.perf_counter() - started
-            calls_out = []
-            for k, row in enumerate(pool.map(judgement, range(len(judge))), 1):
-                calls_out.append(row)
-                if k % 10 == 0 or k == len(judge):
-                    print(f"[judge {k}/{len(judge)}]", file=sys.stderr)
+            journal.phase("note", pool, extract, len(entries))
+            journal.phase("judgement", pool, judgement, len(judge))
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
+    notes_out, calls_out = journal.rows("note"), journal.rows("judgement")
     report = {
         "benchmark": "llm_agreement", "model": args.model, "engine": args.engine, "loras": loras,
         "adapters": {k: v for k, v in models.items() if v}, "prompts": reasoner.prompts,
         "traces": str(args.traces), "seed": args.seed, "concurrency": args.concurrency,
-        "serve_start_s": round(serve_start_s, 1), "extraction_wall_s": round(extract_s, 1),
-        "judgement_wall_s": round(time.perf_counter() - started - extract_s, 1),
-        "usage": {"extraction": reasoner.usage["extraction"].as_dict(),
+        "serve_start_s": round(serve_start_s, 1), "runs": journal.segment,
+        "extraction_wall_s": journal.wall("note"), "judgement_wall_s": journal.wall("judgement"),
+        "usage": {"extraction": {k: round(sum(r["usage"][k] for r in notes_out), 3)
+                                 for k in ("calls", "prompt_tokens", "completion_tokens", "seconds")},
                   "link+update": {"calls": len(calls_out),
                                   "prompt_tokens": sum(c["prompt_tokens"] for c in calls_out),
                                   "completion_tokens": sum(c["completion_tokens"] for c in calls_out)}},
@@ -166,6 +227,7 @@ def run(args: argparse.Namespace) -> int:
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     args.out.chmod(0o600)  # note facts: patient data
+    journal.path.unlink()
     print(json.dumps({k: v for k, v in report.items() if k not in ("notes", "judgements")}))
     return 0
 

@@ -9,7 +9,8 @@ then ``benchmarks.llm_agreement compare`` against the teacher's configuration (`
 1.5B on the engine that wrote the traces), paired against the base 0.5B on the same engine.
 
 Each result is a file under ``--out`` and a configuration whose file exists is not run again, so the matrix
-(hours on a 2-core CPU) can be stopped and continued. The summary (JSON, stdout and ``summary.json``) has one row
+(hours on a 2-core CPU) can be stopped and continued; an agreement run cut off midway goes on from the notes and
+calls its journal (``NAME.agree.json.journal``) already holds. The summary (JSON, stdout and ``summary.json``) has one row
 per configuration.
 
 Usage: python -m benchmarks.llm_matrix --traces runs/traces-1.5b --adapters runs/adapters [--out runs/bench-llm]

@@ -76,3 +76,51 @@ def test_the_matrix_summary_has_a_row_per_configuration_present(tmp_path: Path) 
     assert rows["0.5b-vllm"]["gold"]["f1"] == 0.533 and rows["0.5b-vllm"]["gold"]["seconds_per_note"] == 30.0
     assert rows["0.5b-vllm"]["agreement"]["notes_vs_teacher"]["f1"] == round(2 * 5 / 15, 3)
     assert rows["1.5b-vllm"]["agreement"]["notes_vs_teacher"]["f1_minus_baseline"]["difference"] > 0
+
+
+def test_a_stopped_run_goes_on_from_its_journal(tmp_path: Path) -> None:
+    import os
+    import signal
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pytest
+
+    from benchmarks.llm_agreement import Journal
+
+    out, header = tmp_path / "agree.json", {"model": "m", "notes": ["a", "b", "c", "d"]}
+    calls: list[int] = []
+    release = threading.Event()
+
+    def fn(i: int) -> dict[str, object]:
+        calls.append(i)
+        if i == 2:  # Ctrl-C while note 2 is in flight, once notes 0 and 1 are in the journal
+            journal = out.parent / "agree.json.journal"
+            for _ in range(500):
+                if len(journal.read_text().splitlines()) == 3:
+                    break
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+            release.wait(5)
+        return {"note": i, "seconds": 1.0, "facts": []}
+
+    pool = ThreadPoolExecutor(1)
+    with pytest.raises(KeyboardInterrupt):
+        Journal(out, header).phase("note", pool, fn, 4)
+    release.set()
+    pool.shutdown(wait=True)
+    assert calls == [0, 1, 2]  # note 3 never started; note 2 finished but after the stop: not kept
+    assert (out.parent / "agree.json.journal").stat().st_mode & 0o777 == 0o600
+
+    with pytest.raises(SystemExit, match="another run's journal"):
+        Journal(out, header | {"model": "other"})
+
+    calls.clear()
+    again = Journal(out, header)
+    assert again.segment == 2 and sorted(again.done["note"]) == [0, 1]
+    with ThreadPoolExecutor(2) as pool:
+        again.phase("note", pool, lambda i: {"note": i, "seconds": 1.0, "facts": []}, 4)
+    assert [r["note"] for r in again.rows("note")] == [0, 1, 2, 3]
+    assert set(again.walls["note"]) == {1, 2} and again.wall("note") == round(sum(again.walls["note"].values()), 1)
+    assert len(Journal(out, header).rows("note")) == 4  # all of it read back from the file
