@@ -50,12 +50,32 @@ def _run(cmd: list[str], out: Path) -> bool:
     part = out.with_suffix(".part")
     with part.open("w") as fh:
         rc = subprocess.call(cmd, stdout=fh)
-    if rc != 0:
-        print(f"{out.name}: exit {rc}; kept as {part.name}", file=sys.stderr)
+    report = report_of(part.read_text()) if rc == 0 else None
+    if report is None:
+        print(f"{out.name}: exit {rc}{'' if rc else ', no JSON report'}; kept as {part.name}", file=sys.stderr)
         return False
-    part.rename(out)
+    out.write_text(json.dumps(report, indent=2) + "\n")
     out.chmod(0o600)
+    part.unlink()
     return True
+
+
+def report_of(text: str) -> dict[str, Any] | None:
+    """The JSON report in a benchmark's stdout. Ray's log monitor can print a line of its own there at shutdown
+    (``(raylet) Task ServeController.graceful_shutdown failed...``); such lines go to stderr, not into the
+    report."""
+    decoder = json.JSONDecoder()
+    for i, line in enumerate(lines := text.splitlines(keepends=True)):
+        if line.startswith("{"):
+            try:
+                report, _ = decoder.raw_decode("".join(lines[i:]))
+            except ValueError:
+                continue
+            noise = "".join(lines[:i]).strip()
+            if noise:
+                print(noise, file=sys.stderr)
+            return report if isinstance(report, dict) else None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -124,3 +124,12 @@ def test_a_stopped_run_goes_on_from_its_journal(tmp_path: Path) -> None:
     assert [r["note"] for r in again.rows("note")] == [0, 1, 2, 3]
     assert set(again.walls["note"]) == {1, 2} and again.wall("note") == round(sum(again.walls["note"].values()), 1)
     assert len(Journal(out, header).rows("note")) == 4  # all of it read back from the file
+
+
+def test_the_matrix_reads_the_report_past_ray_lines_on_stdout() -> None:
+    from benchmarks.llm_matrix import report_of
+
+    raylet = "(raylet) Task ServeController.graceful_shutdown failed. There are infinite retries remaining.\n"
+    assert report_of(raylet + '{\n  "benchmark": "llm_notes",\n  "notes": 6\n}\n') == {"benchmark": "llm_notes",
+                                                                                      "notes": 6}
+    assert report_of(raylet) is None and report_of('{"cut off": ') is None
