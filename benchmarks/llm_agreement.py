@@ -297,7 +297,11 @@ def score(args: argparse.Namespace) -> dict[str, Any]:
                            "f1": round(f1(rows), 3), "f1_ci95": ci([f1([rows[i] for i in b]) for b in boots]),
                            "status_agreement": round(st / max(tp, 1), 3), "student_facts": ns, "teacher_facts": nt,
                            "failed_notes": sum(facts[n]["error"] is not None for n in notes)},
-            "judgement": {"calls": len(agree), "invalid": sum(c["reply"] is None for c in calls)} | {
+            # How many of the teacher's replies end or link anything: where none do, agreement on them is only
+            # agreement on saying nothing.
+            "judgement": {"calls": len(agree), "invalid": sum(c["reply"] is None for c in calls),
+                          "teacher_ending": sum(bool(c["teacher"].get("ended")) for c in calls),
+                          "teacher_linking": sum(bool(c["teacher"].get("links")) for c in calls)} | {
                 k: {"agreement": round(sum(a[k] for a in agree) / len(agree), 3),
                     "ci95": ci([sum(agree[i][k] for i in b) / len(b) for b in jboots])}
                 for k in ("verdict", "ended", "links", "all") if agree},

@@ -55,6 +55,7 @@ def test_compare_gives_paired_intervals_around_the_difference(tmp_path: Path, ca
     assert diff["difference"] == round(1.0 - 2 * 20 / 60, 3)
     assert 0 < diff["ci95"][0] <= diff["difference"] <= diff["ci95"][1]
     assert g["judgement"]["verdict"]["agreement"] == 0.5 and g["judgement"]["calls"] == 10
+    assert g["judgement"]["teacher_ending"] == g["judgement"]["teacher_linking"] == 0  # agreeing on nothing
     lo, hi = g["judgement"]["verdict"]["ci95"]
     assert lo < 0.5 < hi
 
