@@ -163,18 +163,18 @@ def run(args: argparse.Namespace) -> int:
 
     loras = parse_loras(args.lora)
     models = {"extraction": args.extract_model, "link+update": args.judge_model}
-    journal = Journal(args.out, {
-        "model": args.model, "engine": args.engine, "loras": loras, "adapters": models,
-        "prompts": {p.purpose: p.id for p in (prompts.EXTRACT, prompts.JUDGE)}, "traces": str(args.traces),
-        "seed": args.seed, "notes": [e.entry_id for e in entries], "calls": [call_key(t.messages) for t in judge]})
-    engine = local_engine(args.engine, args.model, n_ctx=args.n_ctx, loras=loras)
     port = free_port()
-    t0 = time.perf_counter()
-    serve_app(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2, log_to_driver=False)
-    serve_start_s = time.perf_counter() - t0
     client = LLMClient(f"http://127.0.0.1:{port}/v1", args.model, timeout_s=1800, retries=1,
                        max_concurrency=args.concurrency)
     reasoner = ModelReasoner(client, parallel=1, models=models)
+    journal = Journal(args.out, {
+        "model": args.model, "engine": args.engine, "loras": loras, "adapters": models, "prompts": reasoner.prompts,
+        "traces": str(args.traces), "seed": args.seed, "notes": [e.entry_id for e in entries],
+        "calls": [call_key(t.messages) for t in judge]})
+    engine = local_engine(args.engine, args.model, n_ctx=args.n_ctx, loras=loras)
+    t0 = time.perf_counter()
+    serve_app(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2, log_to_driver=False)
+    serve_start_s = time.perf_counter() - t0
 
     def extract(i: int) -> dict[str, Any]:
         e = entries[i]
