@@ -4,8 +4,8 @@
   async engine (replicas, autoscaling, accelerator type, multi-LoRA by name, structured outputs for
   ``response_format``; why not Ray Serve's LLM integration is said there).
 - llama.cpp engine (CPU): :class:`LlamaCppServer`, a Serve deployment holding ``llama_cpp.Llama`` on the
-  GGUF file; ``response_format`` of type ``json_schema`` becomes llama.cpp's grammar-constrained
-  ``json_object`` with that schema, so the output always parses against it. LoRA adapters (converted to GGUF,
+  GGUF file; ``response_format`` of type ``json_schema`` becomes a llama.cpp grammar for that schema
+  (:func:`json_grammar`), so the output always parses against it. LoRA adapters (converted to GGUF,
   :mod:`stam.training.gguf_lora`) are loaded once and applied per request by name (``model``); switching
   adapter drops the cached prompt prefix. Any other ``model`` is the base model.
 
@@ -13,6 +13,8 @@ Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replac
 """
 
 import asyncio
+import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -24,16 +26,42 @@ from fastapi import Request
 from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
 from stam.serving.http import chat_body, model_list
 
+# No whitespace between a JSON reply's tokens, as vLLM's grammar here (``disable_any_whitespace``, see
+# ``stam.serving.config``): both engines lead a model down the same tokens, replies are shorter, and the
+# adapters learnt the teacher's replies as compact JSON. llama-cpp-python's converter allows one optional space
+# (``" "?``), and the model's own choice between ``"new_is":"`` and ``"new_is": "`` changed its verdicts: the
+# 1.5B answered 'past' to 19 of the 39 new facts its vLLM run calls 'current' (80 of 100 verdicts agreed);
+# compact, 88 of 100 agree (README, Fine-tuning: the comparison).
+JSON_SPACE_RULE = 'space ::= ""'
 
-def _llama_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
-    """OpenAI ``response_format`` -> llama-cpp-python's (json_schema -> json_object with the schema)."""
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """GBNF for compact replies valid against ``schema`` (llama-cpp-python's converter, ``JSON_SPACE_RULE``)."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    text, n = re.subn(r"(?m)^space ::= .*$", lambda _m: JSON_SPACE_RULE, json_schema_to_gbnf(json.dumps(schema)))
+    if n != 1:  # a newer converter that names or writes the rule otherwise: say so rather than serve the old one
+        raise RuntimeError(f"llama-cpp-python's JSON-schema grammar has {n} 'space' rules, not one; "
+                           "stam.serving.app.json_grammar needs updating for it")
+    return text
+
+
+def _llama_constraint(fmt: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenAI ``response_format`` -> ``create_chat_completion`` arguments: a JSON schema becomes a grammar
+    (:func:`json_grammar`); ``json_object`` without one stays llama-cpp-python's generic JSON grammar."""
     if not fmt or fmt.get("type") == "text":
-        return None
+        return {}
     if fmt.get("type") == "json_schema":
-        return {"type": "json_object", "schema": (fmt.get("json_schema") or {}).get("schema", {})}
-    if fmt.get("type") == "json_object":
-        return {"type": "json_object", **({"schema": fmt["schema"]} if "schema" in fmt else {})}
-    raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
+        schema = (fmt.get("json_schema") or {}).get("schema", {})
+    elif fmt.get("type") == "json_object":
+        if "schema" not in fmt:
+            return {"response_format": {"type": "json_object"}}
+        schema = fmt["schema"]
+    else:
+        raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    return {"grammar": LlamaGrammar.from_string(json_grammar(schema), verbose=False)}
 
 
 def _load_llama_adapter(llm: Any, source: str) -> Any:
@@ -94,11 +122,11 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
         async def chat(self, request: Request) -> dict[str, Any]:
             body = await chat_body(request)
             try:
-                fmt = _llama_response_format(body.get("response_format"))
+                constraint = _llama_constraint(body.get("response_format"))
             except ValueError as exc:
                 raise HTTPException(status_code=400, detail=str(exc)) from exc
             kwargs = {"messages": body["messages"], "max_tokens": int(body.get("max_tokens") or 512),
-                      "temperature": float(body.get("temperature", 0.0)), "response_format": fmt}
+                      "temperature": float(body.get("temperature", 0.0)), **constraint}
             try:
                 # OpenAI's penalties, and vLLM's repetition_penalty (llama.cpp calls it repeat_penalty).
                 for name, target in (("frequency_penalty", "frequency_penalty"),

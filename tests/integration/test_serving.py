@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import urllib.request
 from typing import Any
@@ -60,6 +61,8 @@ def test_schema_constrained_extraction_from_a_real_note(served: str) -> None:
                           {"role": "user", "content": f"List every medication in this note.\n\n{text}"}],
                          schema=schema, schema_name="medications", max_tokens=200)
     meds = json.loads(result.content)["medications"]  # the grammar guarantees the shape
+    # ... and compact JSON, as vLLM's grammar gives (stam.serving.app.JSON_SPACE_RULE): no whitespace outside strings
+    assert not re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', result.content)), result.content
     assert isinstance(meds, list) and all(isinstance(m, str) for m in meds)
     lowered = text.lower()
     named = [m for m in meds if any(w in lowered for w in m.lower().split() if len(w) > 5)]

@@ -4,6 +4,7 @@ body, and the weights registry."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -105,14 +106,34 @@ def test_serving_config_is_strict_and_discriminated() -> None:
 
 
 def test_response_format_translation_for_llama_cpp() -> None:
-    from stam.serving.app import _llama_response_format
+    from llama_cpp.llama_grammar import LlamaGrammar
+
+    from stam.serving.app import _llama_constraint
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}}
-    assert _llama_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}) == {
-        "type": "json_object", "schema": schema}
-    assert _llama_response_format(None) is None and _llama_response_format({"type": "text"}) is None
+    for fmt in ({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                {"type": "json_object", "schema": schema}):
+        assert isinstance(_llama_constraint(fmt)["grammar"], LlamaGrammar)
+    assert _llama_constraint({"type": "json_object"}) == {"response_format": {"type": "json_object"}}
+    assert _llama_constraint(None) == {} and _llama_constraint({"type": "text"}) == {}
     with pytest.raises(ValueError, match="unsupported"):
-        _llama_response_format({"type": "regex"})
+        _llama_constraint({"type": "regex"})
+
+
+def test_the_llama_cpp_json_grammar_is_compact_as_vllms() -> None:
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from stam.reasoning import prompts
+    from stam.serving.app import json_grammar
+
+    schema = prompts.judgement_schema(2)
+    bundled, ours = json_schema_to_gbnf(json.dumps(schema)), json_grammar(schema)
+    assert 'space ::= " "?' in bundled.splitlines()  # what llama-cpp-python writes: one optional space
+    spaces = [line for line in ours.splitlines() if line.startswith("space ::=")]
+    assert spaces == ['space ::= ""']  # none, as vLLM's xgrammar with disable_any_whitespace
+    # everything else as the bundled converter writes it (the enum of CURRENT numbers included)
+    assert [x for x in ours.splitlines() if x not in spaces] == [x for x in bundled.splitlines() if x != 'space ::= " "?']
+    assert 'Link-n ::= "1" | "2"' in ours
 
 
 def test_client_sends_the_schema_as_strict_json_schema() -> None:
