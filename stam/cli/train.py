@@ -91,8 +91,13 @@ def cmd_traces(args: argparse.Namespace) -> int:
 def cmd_lora(args: argparse.Namespace) -> int:
     from stam.errors import TrainingError, WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.lora import Recipe, train
+    from stam.training.lora import Recipe, check_traces, train
 
+    try:
+        check_traces(args.module, args.traces)
+    except TrainingError as exc:
+        print(f"stam train lora: {exc}", file=sys.stderr)
+        return 2
     try:
         base = ensure_hf(args.base) if args.base_dir is None else args.base_dir
     except WeightsError as exc:

@@ -7,7 +7,7 @@ de-quantises the GGUF tensors (``GgufConfig(dequantize=True)``); a model loaded 
 serialise, so its state dict is copied into a model built ``from_config`` and that one is saved. A marker file
 (``.converted``) is written last, so an interrupted conversion is redone, never half used.
 
-Needs the ``vllm`` extra (``gguf``, ``accelerate``; ``make vllm-setup``). About 45 s for the 0.5B here.
+Needs the ``train`` extra (``gguf``, ``accelerate``; ``make vllm-setup`` installs it). About 45 s for the 0.5B here.
 """
 
 from __future__ import annotations
@@ -40,11 +40,13 @@ def ensure_hf(name: str) -> Path:
         except ValueError:
             pass
     try:
+        import accelerate  # noqa: F401 - transformers needs it to load GGUF weights, and says so only later
+        import gguf  # noqa: F401
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
     except ImportError as exc:
-        raise WeightsError(f"converting {name} needs transformers with gguf and accelerate "
-                           "(pip install -e '.[vllm]', or make vllm-setup)") from exc
+        raise WeightsError(f"converting {name} needs the train extra: gguf and accelerate "
+                           f"(make vllm-setup, or pip install -e '.[train]'); missing: {exc.name}") from exc
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

@@ -61,6 +61,15 @@ def load_split(folder: Path, split: str, module: str) -> list[Trace]:
     return [t for t in read_traces(path) if t.module == module]
 
 
+def check_traces(module: str, traces: Path) -> None:
+    """Refuse a module or trace folder that cannot train, before anything costly (the base model's conversion)."""
+    if module not in MODULES:
+        raise TrainingError(f"unknown module {module!r} (known: {', '.join(MODULES)})")
+    if not load_split(traces, "train", module):
+        raise TrainingError(f"no {module} traces in {traces}/train.jsonl")
+    load_split(traces, "val", module)
+
+
 def compact(reply: str) -> str:
     """The teacher's JSON reply without free whitespace (the same value; what vLLM's grammar lets the student say,
     and fewer tokens to learn and to generate). A reply that is not JSON is kept as it is."""

@@ -19,7 +19,7 @@ import pytest
 
 from stam.serving.check import NOTE_ID, note_text
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.extras]
 MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 TRACES = Path(__file__).resolve().parents[1] / "data" / "traces-tiny"
 

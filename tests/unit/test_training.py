@@ -65,6 +65,7 @@ def test_gold_patients_are_never_chosen_and_choices_are_seeded() -> None:
     assert choose_notes(BULK, notes=30, per_patient=5, exclude=exclude, seed=2) != a
 
 
+@pytest.mark.extras
 def test_the_loss_mask_covers_the_prompt_and_nothing_else() -> None:
     pytest.importorskip("peft", reason="the train extra is not installed")
     from transformers import AutoTokenizer
