@@ -12,6 +12,7 @@ Needs the ``train`` extra (``gguf``, ``accelerate``; ``make vllm-setup`` install
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -39,14 +40,14 @@ def ensure_hf(name: str) -> Path:
                 return target
         except ValueError:
             pass
-    try:
-        import accelerate  # noqa: F401 - transformers needs it to load GGUF weights, and says so only later
-        import gguf  # noqa: F401
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
-    except ImportError as exc:
-        raise WeightsError(f"converting {name} needs the train extra: gguf and accelerate "
-                           f"(make vllm-setup, or pip install -e '.[train]'); missing: {exc.name}") from exc
+    # transformers needs gguf and accelerate to read GGUF weights, and says so only deep inside the conversion.
+    missing = [m for m in ("gguf", "accelerate", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise WeightsError(f"converting {name} needs the train extra (make vllm-setup, or pip install -e "
+                           f"'.[train]'); missing: {', '.join(missing)}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
