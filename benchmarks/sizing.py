@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
 MIMIC = DATA / "mimic-iv-demo-2.2"
@@ -851,7 +853,7 @@ def main() -> None:
     if not args.no_simulate:
         report["simulation"] = simulations(plans, cost, counts, hours=args.hours, seed=args.seed,
                                            partition_factor=opt.partition_factor)
-    print(json.dumps(report, indent=1))
+    print(json.dumps(stamp(report), indent=1))
 
 
 if __name__ == "__main__":
