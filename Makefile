@@ -93,7 +93,7 @@ bench-feed: setup
 bench-scaling: setup
 	$(BIN)/python -m benchmarks.update_scaling
 
-# The sizing model and lag simulation for a 1,000-bed hospital and a 20-hospital network (README "Scaling"), from
+# The sizing model and lag simulation for a 1,000-bed hospital and a 20-hospital network (docs/scaling.md), from
 # the feed benchmark's JSON when there is one (seconds).
 bench-sizing: setup
 	$(BIN)/python -m benchmarks.sizing $(if $(wildcard .stam/bench/feed.json),--feed .stam/bench/feed.json)
@@ -155,7 +155,7 @@ ADAPTERS ?= runs/adapters
 bench-llm-matrix: vllm-setup models-1.5b
 	$(BIN)/python -m benchmarks.llm_matrix --traces $(TRACES) $(if $(wildcard $(ADAPTERS)/update),--adapters $(ADAPTERS))
 
-# Deployment checks, no cluster or container engine needed (README "Deploy"). promtool: Debian package prometheus.
+# Deployment checks, no cluster or container engine needed (docs/deploy.md). promtool: Debian package prometheus.
 # (setup installs the deploy extra too; this target is for a venv made before it existed.)
 $(VENV)/.deploy-extra: $(BIN)/stam
 	$(BIN)/pip install -q -e '.[deploy]'
