@@ -69,17 +69,24 @@ def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def render_faust_floor(report: dict[str, Any]) -> str:
-    """``python -m benchmarks.faust_floor``: one row per storage engine and linger."""
+    """``python -m benchmarks.faust_floor``: one row per storage engine and linger; the settings every run shares
+    are said once above the table."""
+    runs = _runs(report)
+    params = [("messages", "messages", "{} messages"), ("payload_bytes", "bytes", "{} bytes each"),
+              ("fanout", "fan-out", "fan-out {}"), ("linger_ms", "linger ms", "producer linger {} ms")]
+    shared = [(k, text) for k, _, text in params if len({r[k] for r in runs}) == 1]
+    varying = [(k, head) for k, head, _ in params if k not in dict(shared)]
     rows = []
-    for r in _runs(report):
+    for r in runs:
         cpu = r.get("cpu", {})
         rss = r.get("rss_mb", {})
-        rows.append([r["storage"], r["linger_ms"], r["messages"], r["payload_bytes"], r["fanout"], r["entries_per_s"],
-                     r["first_message_s"], r["stack_up_s"], r["broker_disk_mb"],
-                     f"{fmt(rss.get('s3'))} / {fmt(rss.get('broker'))}",
+        rows.append([r["storage"], *(r[k] for k, _ in varying), r["entries_per_s"], r["first_message_s"],
+                     r["stack_up_s"], r["broker_disk_mb"], f"{fmt(rss.get('s3'))} / {fmt(rss.get('broker'))}",
                      cpu.get("cpu_ms_per_entry_total"), cpu.get("cores_busy")])
-    return table(["broker storage", "linger ms", "messages", "bytes", "fan-out", "entries/s", "first message s",
-                  "stack up s", "broker disk MB", "RSS MB (SeaweedFS / Tansu)", "CPU ms per entry", "cores busy"], rows)
+    head = ", ".join(text.format(fmt(runs[0][k])) for k, text in shared)
+    return (f"{head}\n\n" if head else "") + table(
+        ["broker storage", *(h for _, h in varying), "entries/s", "first message s", "stack up s", "broker disk MB",
+         "RSS MB (SeaweedFS / Tansu)", "CPU ms per entry", "cores busy"], rows)
 
 
 def render_redis_fsync(report: dict[str, Any]) -> str:
@@ -251,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if ok else 1
     for s in stale:
         print(f"figures: rewrote {s}", file=sys.stderr)
+    if not stale and not problems:
+        print("figures: up to date", file=sys.stderr)
     return 1 if problems else 0
 
 

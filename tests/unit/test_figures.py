@@ -106,6 +106,9 @@ def test_the_floor_renderer_shows_each_run() -> None:
                                                          "rss_mb": {"s3": 390.0, "broker": 20.0}}]})
     rows = [line for line in text.splitlines() if line.startswith("| memory") or line.startswith("| s3")]
     assert len(rows) == 2 and "| 1,341.5 |" in rows[0] and "| 197.0 |" in rows[1] and "390.0 / 20.0" in rows[1]
+    assert text.startswith("2,000 messages, 3,000 bytes each, fan-out 2, producer linger 5 ms\n")
+    lingers = figures.render_faust_floor({"results": [run, {**run, "linger_ms": 50}]})
+    assert "| linger ms |" in lingers and "producer linger" not in lingers
 
 
 def test_a_marker_shown_as_an_example_is_not_a_figure() -> None:
