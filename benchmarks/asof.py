@@ -38,6 +38,7 @@ from schemas import Store, StoredMemory
 from schemas.query import QueryRequest
 from stam.compose import local_query_service
 from stam.embedding import Embedder
+from stam.eval.provenance import stamp
 from stam.eval.state import replay_mimic
 from stam.read.asof import state_at_time
 from stam.sources.mimic import TABLES
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "timeline_cache_memories": svc.cache.memories(),
         "measured_at": datetime.now().isoformat(timespec="seconds"),
     }
-    print(json.dumps(out, indent=2))
+    print(json.dumps(stamp(out), indent=2))
     return 0 if not failures and not disagreements else 1
 
 

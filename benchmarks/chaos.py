@@ -37,6 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
 BUNDLES = DATA / "synthea-r4-bundles"
@@ -524,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         if "restart" in sections:
             report["restart"] = restart_section(work)
     report["ok"] = all(v.get("ok", False) for v in report.values() if isinstance(v, dict))
-    text = json.dumps(report, indent=2)
+    text = json.dumps(stamp(report), indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text)

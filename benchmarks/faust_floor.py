@@ -26,6 +26,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.write_path import CpuMeter
+from stam.eval.provenance import stamp
 
 PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]
@@ -107,7 +108,7 @@ def main() -> None:
         worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]))
         return
     results = [_one(args, storage, linger) for storage in args.storage for linger in args.linger_ms]
-    print(json.dumps(results[0] if len(results) == 1 else results, indent=2))
+    print(json.dumps(stamp(results[0] if len(results) == 1 else results), indent=2))
 
 
 def _rss_mb(pid: int) -> float:

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.write_path import CpuMeter, _free_port, _hist_quantile, _vmhwm_mb
+from stam.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -408,7 +409,7 @@ def main() -> None:
             write_ms = one.get("cpu", {}).get("cpu_ms_per_entry_total")
             if floor_ms and write_ms:
                 report["cpu_bound_ratio"] = round(floor_ms / write_ms, 3)
-    print(json.dumps(report, indent=1))
+    print(json.dumps(stamp(report), indent=1))
 
 
 if __name__ == "__main__":

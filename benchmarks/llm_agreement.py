@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.llm_notes import match
+from stam.eval.provenance import stamp
 from stam.serving.check import free_port
 from tests.conftest import DATA
 
@@ -225,6 +226,7 @@ def run(args: argparse.Namespace) -> int:
                                   "completion_tokens": sum(c["completion_tokens"] for c in calls_out)}},
         "notes": notes_out, "judgements": calls_out,
     }
+    report = stamp(report)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     args.out.chmod(0o600)  # note facts: patient data
     journal.path.unlink()
@@ -262,7 +264,7 @@ def ci(values: list[float], lo: float = 0.025, hi: float = 0.975) -> list[float]
 
 
 def compare(args: argparse.Namespace) -> int:
-    print(json.dumps(score(args), indent=1))
+    print(json.dumps(stamp(score(args)), indent=1))
     return 0
 
 

@@ -26,6 +26,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from stam.eval.provenance import stamp
+
 STUDENT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 TEACHER = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 
@@ -114,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             print("$ " + " ".join(cmd), file=sys.stderr)
             if subprocess.call(cmd, stdout=subprocess.DEVNULL) != 0:
                 print(f"{agree.name}: failed", file=sys.stderr)
-    summary = summarise(args.out, table, args.teacher)
+    summary = stamp(summarise(args.out, table, args.teacher))
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
     return 0

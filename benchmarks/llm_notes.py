@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from stam.eval.provenance import stamp
 from stam.serving.check import free_port
 from stam.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                        "status_agreement": round(totals["status_ok"] / max(totals["tp"], 1), 3)},
         "per_note": per_note,
     }
-    print(json.dumps(report, indent=2))
+    print(json.dumps(stamp(report), indent=2))
     return 0
 
 

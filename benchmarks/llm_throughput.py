@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stam.eval.provenance import stamp
 from stam.serving.check import free_port, stop, wait_up
 from tests.conftest import DATA
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = {"benchmark": "llm_throughput", "cores": os.cpu_count(), "max_tokens": args.max_tokens,
            "engines": [run_engine(e, args.model, args.levels, args.requests, args.max_tokens) for e in args.engines]}
-    print(json.dumps(out))
+    print(json.dumps(stamp(out)))
     return 0 if not any("error" in e for e in out["engines"]) else 1
 
 

@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from stam.eval.provenance import stamp
 from stam.training.lora import Recipe, train
 from stam.training.traces import read_traces
 
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         result["adapter_changed_output"] = changed_output(model, work / "update", args.traces)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    line = json.dumps(result)
+    line = json.dumps(stamp(result))
     print(line)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

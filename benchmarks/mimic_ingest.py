@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.write_path import CpuMeter, _scrape, _vmhwm_mb, stack_with_worker
+from stam.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -83,7 +84,7 @@ def main() -> None:
             # driver: this process (the publisher, then the transition consumer)
             "cpu": spent,
         }
-        print(json.dumps(report, indent=1))
+        print(json.dumps(stamp(report), indent=1))
     if tmp is not None:
         tmp.cleanup()
 

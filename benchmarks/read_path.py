@@ -51,6 +51,7 @@ from benchmarks.synthetic import Chain, Concept, build_patient, plan_patient, qu
 from schemas.query import GateMode, QueryRequest
 from stam import stack
 from stam.embedding import Embedder
+from stam.eval.provenance import stamp
 from stam.read.gate import DEFAULT_THRESHOLD, StoreGate
 from stam.read.service import QueryService, TimelineCache
 from stam.read.tokens import Tokenizer, load_tokenizer
@@ -350,7 +351,7 @@ def main() -> None:
         embedder.shared = RedisVectorCache(client)
         embedder.share([c.embed_text for c in vocab], concept_vectors)
         if args.load_only:
-            print(json.dumps({"config": _fingerprint(args), "load": loaded}, indent=2))
+            print(json.dumps(stamp({"config": _fingerprint(args), "load": loaded}), indent=2))
             return
         result = run_queries(args, info.redis_url, vectors, plans, vocab, embedder, concept_vectors)
         mem = client.info("memory")
@@ -365,7 +366,7 @@ def main() -> None:
             "redis": {"used_memory_human": mem.get("used_memory_human"), "used_memory": mem.get("used_memory")},
             "milvus_server_rss_mb": _proc_mb(info.pids["milvus"], "VmRSS"),
         } | result
-        print(json.dumps(report, indent=2))
+        print(json.dumps(stamp(report), indent=2))
     finally:
         if args.home is None:
             stack.down(home)

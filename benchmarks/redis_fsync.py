@@ -22,6 +22,7 @@ from typing import Any
 import redis
 
 from schemas import AtomicMemory, Category, Store
+from stam.eval.provenance import stamp
 from stam.rebuild import replay
 from stam.stores.base import Commit
 from stam.stores.redis_state import RedisStateStore
@@ -93,8 +94,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["everysec", "always"], choices=["everysec", "always"])
     args = parser.parse_args()
     out = [run(m, args.batches, args.patients, args.memories) for m in args.modes]
-    print(json.dumps({"benchmark": "redis_fsync", "batches": args.batches, "patients_per_batch": args.patients,
-                      "memories_per_patient": args.memories, "results": out}, indent=2))
+    print(json.dumps(stamp({"benchmark": "redis_fsync", "batches": args.batches, "patients_per_batch": args.patients,
+                      "memories_per_patient": args.memories, "results": out}), indent=2))
 
 
 if __name__ == "__main__":

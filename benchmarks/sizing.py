@@ -45,6 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
 MIMIC = DATA / "mimic-iv-demo-2.2"
@@ -57,8 +59,8 @@ IntArray = npt.NDArray[np.int64]
 
 DEMO_ENTRIES_TOTAL = 298_965
 """STAM entries of the whole MIMIC-IV demo 2.2 (100 patients, every table) through ``stam.sources.mimic``: the
-README's "Point in time on every MIMIC-IV demo patient" replay, and the sum of ``mimic-counts.json``. Used when
-the per-patient counts file is not there."""
+"Point in time on every MIMIC-IV demo patient" replay (docs/benchmarks/read-path.md), and the sum of
+``mimic-counts.json``. Used when the per-patient counts file is not there."""
 
 DEMO_COUNTS_LOGNORMAL = (1627.5, 2989.65)
 """Median and mean of the per-patient entry counts of that file (min 265, max 19,808): without the file, the
@@ -84,11 +86,11 @@ ASSUMED_FEED: dict[str, Any] = {
 ASSUMED_FEED_WHY = (
     "no --feed: the whole MIMIC-IV demo through the embedded stack with one worker process on the 2-core dev "
     "machine (python -m benchmarks.mimic_ingest, 298,965 entries held): 155.6 entries/s, stage p50/p99 from the "
-    "worker's histograms, peak RSS 2.48 GB (README 'Cost per entry on a long record')")
+    "worker's histograms, peak RSS 2.48 GB (docs/benchmarks/mimic.md, 'Cost per entry on a long record')")
 MIN_MEMORIES_FOR_SLOPE = 100_000
 """A worker's peak RSS gives its bytes per warm memory only when it held at least this many memories."""
 WORKER_BASE_RSS_MB = 700.0
-"""RSS of a worker holding almost nothing (README 'Benchmarks': ~700 MB, PyTorch and MiniLM most of it)."""
+"""RSS of a worker holding almost nothing (docs/benchmarks/index.md: ~700 MB, PyTorch and MiniLM most of it)."""
 
 # Fallbacks for the store model: measured once with this script on a kept `stam eval` replay (18 MIMIC-IV demo
 # patients, every table, 36,628 entries), used when no replay is found.
@@ -97,7 +99,8 @@ ASSUMED_REPLAY: dict[str, float] = {
     "transition_json_bytes": 936.6, "entry_json_bytes": 722.6,
 }
 
-# Query consumer: README "Read path at 1,000 patients x 2,000 memories" (2-core machine, no reader model).
+# Query consumer: "Read path at 1,000 patients x 2,000 memories" (docs/benchmarks/read-path.md; 2-core machine, no
+# reader model).
 QUERY_P50_MS, QUERY_P99_MS = 14.9, 35.1
 QUERY_BASE_RSS_MB = 900.0  # 2.8 GB with 1,000 patients warm, 1.9 MB each
 QUERY_BYTES_PER_WARM_MEMORY = 1.9 * MIB / 2000
@@ -113,7 +116,8 @@ VARCHAR_OFFSET = 8
 SEAL_OVERHEAD = 71  # stam/crypto.py OVERHEAD: magic, pseudonym, key generation, nonce, GCM tag
 KAFKA_KEY_BYTES = 32  # the pseudonym
 KAFKA_RECORD_OVERHEAD = 20  # v2 record header (varints, attributes), batch header amortised
-STAGE_MESSAGE_BYTES = 3000  # extracted/linked/impacted envelopes (README: faust_floor's 3 kB write-path shape)
+# extracted/linked/impacted envelopes (docs/benchmarks/index.md: faust_floor's 3 kB write-path shape)
+STAGE_MESSAGE_BYTES = 3000
 STAGE_MESSAGES_PER_ENTRY = 3
 KAFKA_BROKERS, KAFKA_RF, KAFKA_CORES_PER_BROKER = 3, 3, 2
 ENTRIES_RETENTION_DAYS = 7
@@ -614,7 +618,7 @@ def plan_scale(name: str, rate: dict[str, float], cost: WriteCost, store: StoreM
             "consumer_groups": {
                 "all stages in one process (default)": "STAM_APP_ID=stam, every worker process",
                 "split stage groups": "stam-extract, stam-link, stam-impact-update (impact and update together, "
-                                      "README 'Stage groups'); each group at most one process per partition",
+                                      "docs/operations.md, 'Stage groups'); each group at most one process per partition",
                 "query": "its own group; at most one process per stam.queries.v1 partition"},
         },
         "redis_cluster": {
@@ -835,13 +839,13 @@ def main() -> None:
         "options": asdict(opt),
         "assumed": {
             "write_cost": ASSUMED_FEED_WHY if "assumed" in cost.source.values() else None,
-            "worker_base_rss_mb": "700 MB (README 'Benchmarks': PyTorch and MiniLM)",
+            "worker_base_rss_mb": "700 MB (docs/benchmarks/index.md: PyTorch and MiniLM)",
             "peak_factor": f"{args.peak_factor}x the daily mean in the busiest hour",
             "headroom": f"{args.headroom}x the busy processes at peak; {args.min_workers} processes at least",
             "warm_set": "every admitted patient warm in one worker (state cache and impact projection), each with "
                         "the mean MIMIC-IV demo record; a smaller warm set trades RAM for reloads not measured here",
             "query": f"{args.queries_per_bed_hour} question per occupied bed per hour, same peak factor; warm query "
-                     "p50/p99 14.9/35.1 ms and 1.9 MB per 2,000-memory patient (README 'Read path')",
+                     "p50/p99 14.9/35.1 ms and 1.9 MB per 2,000-memory patient (docs/benchmarks/read-path.md)",
             "kafka": "3 brokers, 2 cores each, RF 3; stage envelopes 3 kB",
             "redis": f"{args.redis_shard_gb} GB of data per primary, 1 replica, 1 core per node",
             "milvus": f"{args.milvus_node_gb} GB loaded per query node (a 64 GB node), 8 cores per node plus 8 "
@@ -851,7 +855,7 @@ def main() -> None:
     if not args.no_simulate:
         report["simulation"] = simulations(plans, cost, counts, hours=args.hours, seed=args.seed,
                                            partition_factor=opt.partition_factor)
-    print(json.dumps(report, indent=1))
+    print(json.dumps(stamp(report), indent=1))
 
 
 if __name__ == "__main__":

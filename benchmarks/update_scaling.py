@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
 MIMIC = DATA / "mimic-iv-demo-2.2"
@@ -107,7 +109,7 @@ def main() -> None:
         lg, sm = report["groups"]["largest"], report["groups"]["smallest"]
         report["ratio"] = {"p50": round(lg["p50_ms"] / sm["p50_ms"], 2), "p99": round(lg["p99_ms"] / sm["p99_ms"], 2)}
     report["seconds"] = round(time.monotonic() - t0, 1)
-    print(json.dumps(report, indent=1))
+    print(json.dumps(stamp(report), indent=1))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
 
@@ -277,7 +279,7 @@ def main() -> None:
         report["in_process"] = in_process(entries, home)
         if not args.skip_broker:
             report["end_to_end"] = end_to_end(entries, home / "stack", args.timeout)
-    print(json.dumps(report, indent=2))
+    print(json.dumps(stamp(report), indent=2))
 
 
 if __name__ == "__main__":

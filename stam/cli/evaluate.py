@@ -12,6 +12,7 @@ from typing import Any
 
 from stam.cli.common import add_replay_options, emit_report, table
 from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
+from stam.eval.provenance import stamp
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 
@@ -49,7 +50,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
                 reports.append(evaluate_synthea(Path(args.synthea), patients=subjects, **common))
         bar.close()
         if args.out:  # after each variant, so a long run keeps what it has measured
-            Path(args.out).write_text(json.dumps({**head, "reports": reports}, indent=2) + "\n")
+            Path(args.out).write_text(json.dumps(stamp({**head, "reports": reports}), indent=2) + "\n")
     rows = [{"variant": r["variant"], "recall": r["pairs"]["recall"], "archived": r["pairs"]["archived"],
              "ceiling": r["pairs"]["impact_ceiling"], "false": r["false_archival"]["rate"],
              "ended": r.get("ended", {}).get("in_history"), "fraction": r["archived_fraction"],
@@ -69,7 +70,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
             title = f"ACTIVE and HISTORY over clinical time: one {head['source']} patient"
             out["plot"] = str(plot_timeline(series, Path(args.plot), title=title))
             print(f"plot: {out['plot']}", file=sys.stderr)
-    return emit_report(out, args.out)
+    return emit_report(stamp(out), args.out)
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
@@ -152,7 +153,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
                                                title=f"MIMIC-QA ({args.split}, {len(questions)} questions): "
                                                f"{score.replace('_', ' ')} vs served tokens"))
         print(f"plot: {out['plot']}", file=sys.stderr)
-    return emit_report(out, args.out)
+    return emit_report(stamp(out), args.out)
 
 
 def cmd_eval_gate(args: argparse.Namespace) -> int:
@@ -219,7 +220,7 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
     if args.write:
         write_gate_file(Path(args.write), chosen, source=f"stam eval gate ({reader.name})")
         out["written"] = args.write
-    return emit_report(out, args.out)
+    return emit_report(stamp(out), args.out)
 
 
 def cmd_eval_questions(args: argparse.Namespace) -> int:
@@ -230,10 +231,10 @@ def cmd_eval_questions(args: argparse.Namespace) -> int:
     subjects = args.subjects.split(",") if args.subjects else None
     questions = build_questions(Path(args.mimic), per_patient=args.per_patient, seed=args.seed, subjects=subjects)
     write_jsonl(questions, Path(args.out))
-    print(json.dumps({"questions": len(questions), "out": args.out,
+    print(json.dumps(stamp({"questions": len(questions), "out": args.out,
                       "by_type": dict(sorted(Counter(q.qtype for q in questions).items())),
                       "by_split": dict(sorted(Counter(q.split for q in questions).items())),
-                      "patients": len({q.patient_id for q in questions})}, indent=2))
+                      "patients": len({q.patient_id for q in questions})}), indent=2))
     return 0
 
 

@@ -4,7 +4,8 @@ and the worker's timers and tasks survive store outages (repro 5).
 Redis's append-only file is turned off mid-test and Redis is snapshotted by hand, so a kill -9 reliably rolls it
 back (the stack's default keeps an append-only file, which a kill -9 does not roll back). The patients' data keys
 (stam/crypto.py), made when their first entry was published and waited onto disk, are older than the rollback:
-they are the one part of Redis the log cannot rebuild, and the README asks for them to be backed up continuously.
+they are the one part of Redis the log cannot rebuild, so they need a continuous backup (the keys: docs/erasure.md,
+Sealed topics).
 A store that comes back without a patient's key is reported, not skipped in silence (the last test).
 """
 
@@ -128,7 +129,7 @@ def test_a_worker_started_on_a_store_behind_its_checkpoint_rebuilds_first(stack_
     cp = asyncio.run(read_checkpoint(s))
     assert cp is not None
     # An older backup: this patient's state rolled back to nothing, and the write counter with it. The data keys
-    # are backed up continuously (README, Sealed topics): they came back whole.
+    # are backed up continuously (docs/erasure.md, Sealed topics): they came back whole.
     for key in client.scan_iter(match="stam:*"):
         if key != b"stam:datakeys":
             client.delete(key)

@@ -1,0 +1,259 @@
+"""The documentation's generated figures, written from the results of the runs they come from (``make figures``).
+
+A page marks a generated figure::
+
+    <!-- figure: NAME -->
+    (everything here is written by this module)
+    <!-- /figure -->
+
+and ``docs/results/NAME.json`` is the JSON report of the run it shows, as the benchmark or ``stam eval`` printed
+it: with its ``provenance`` (command, commit, machine, time; ``stam/eval/provenance.py``). Each figure is rendered
+from its file by the renderer of the report's kind (``RENDERERS``: a benchmark's ``"benchmark"`` name, or
+``eval:<name>``) and followed by a line naming the file, the command, the commit and the machine.
+
+``python -m benchmarks.figures`` rewrites every page whose figures differ; ``--check`` writes nothing and exits 1
+naming each figure that differs from what its results file gives (a table edited by hand, or a results file replaced
+without running ``make figures``). Both fail on a marker without its results file, a results file no page cites, a
+report without complete provenance, or a kind with no renderer.
+
+To add a figure: run the benchmark on a committed tree, save its stdout as ``docs/results/NAME.json``, put the
+markers on a page, add a renderer for its kind when it has none, then ``make figures``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from stam.eval.provenance import missing
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+RESULTS = "results"
+OPEN = re.compile(r"<!-- figure: (?P<name>[A-Za-z0-9_.-]+) -->")
+CLOSE = "<!-- /figure -->"
+
+
+class FigureError(Exception):
+    """A figure that cannot be generated: its results file is missing, incomplete or of a kind with no renderer."""
+
+
+def fmt(v: Any) -> str:
+    """A value as the docs write numbers: thousands separated, as rounded as the report has it."""
+    if v is None:
+        return "–"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, int | float):
+        return f"{v:,}"
+    return str(v)
+
+
+def table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _runs(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of a report that may hold one (its own keys) or several (``results``)."""
+    results = report.get("results")
+    return [r for r in results if isinstance(r, dict)] if isinstance(results, list) else [report]
+
+
+def render_faust_floor(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.faust_floor``: one row per storage engine and linger; the settings every run shares
+    are said once above the table."""
+    runs = _runs(report)
+    params = [("messages", "messages", "{} messages"), ("payload_bytes", "bytes", "{} bytes each"),
+              ("fanout", "fan-out", "fan-out {}"), ("linger_ms", "linger ms", "producer linger {} ms")]
+    shared = [(k, text) for k, _, text in params if len({r[k] for r in runs}) == 1]
+    varying = [(k, head) for k, head, _ in params if k not in dict(shared)]
+    rows = []
+    for r in runs:
+        cpu = r.get("cpu", {})
+        rss = r.get("rss_mb", {})
+        rows.append([r["storage"], *(r[k] for k, _ in varying), r["entries_per_s"], r["first_message_s"],
+                     r["stack_up_s"], r["broker_disk_mb"], f"{fmt(rss.get('s3'))} / {fmt(rss.get('broker'))}",
+                     cpu.get("cpu_ms_per_entry_total"), cpu.get("cores_busy")])
+    head = ", ".join(text.format(fmt(runs[0][k])) for k, text in shared)
+    return (f"{head}\n\n" if head else "") + table(
+        ["broker storage", *(h for _, h in varying), "entries/s", "first message s", "stack up s", "broker disk MB",
+         "RSS MB (SeaweedFS / Tansu)", "CPU ms per entry", "cores busy"], rows)
+
+
+def render_redis_fsync(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.redis_fsync``: one row per ``appendfsync`` mode."""
+    rows = [[r["appendfsync"], r["batches_per_s"], r["patient_commits_per_s"], r["memories_per_s"], r["batch_ms_p50"],
+             r["batch_ms_p99"], r["aof_mb"]] for r in report["results"]]
+    head = (f"{fmt(report['batches'])} batches of `commit_many`, {fmt(report['patients_per_batch'])} patients x "
+            f"{fmt(report['memories_per_patient'])} memories each")
+    return head + "\n\n" + table(["appendfsync", "batches/s", "patient commits/s", "memories/s", "batch p50 ms",
+                                  "batch p99 ms", "AOF MB"], rows)
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "faust_floor": render_faust_floor,
+    "redis_fsync": render_redis_fsync,
+}
+
+
+def kind(report: dict[str, Any]) -> str | None:
+    """The renderer a report needs: its benchmark's name, ``eval:<name>`` for ``stam eval``."""
+    for run in [report, *_runs(report)]:
+        if isinstance(run.get("benchmark"), str):
+            return str(run["benchmark"])
+        if isinstance(run.get("eval"), str):
+            return f"eval:{run['eval']}"
+    return None
+
+
+def source_line(report: dict[str, Any], link: str) -> str:
+    """What a generated figure says of its run: the file, the command, the commit, the machine and the time."""
+    p = report["provenance"]
+    m = p["machine"]
+    load = m.get("loadavg_1_5_15")
+    dirty = " with uncommitted changes" if p.get("dirty") else ""
+    machine = f"{fmt(m['cores'])} cores ({m['cpu']}), {fmt(m['memory_gib'])} GiB, Python {m['python']}"
+    if load:
+        machine += f", load average {' / '.join(fmt(x) for x in load)} when it ended"
+    return (f"*Generated by `make figures` from [`{link.rsplit('/', 1)[-1]}`]({link}): `{p['command']}` at commit "
+            f"`{str(p['commit'])[:10]}`{dirty}; {machine}; {p['when']}.*")
+
+
+def load_report(results: Path, name: str) -> dict[str, Any]:
+    path = results / f"{name}.json"
+    if not path.is_file():
+        raise FigureError(f"figure {name!r}: no results file {path}")
+    try:
+        report = json.loads(path.read_text())
+    except ValueError as exc:
+        raise FigureError(f"{path}: not JSON ({exc})") from exc
+    if not isinstance(report, dict) or missing(report):
+        gaps = missing(report)
+        raise FigureError(f"{path}: provenance incomplete ({', '.join(gaps)}); rerun it with a stamped benchmark")
+    return report
+
+
+def render(page: Path, name: str, docs: Path) -> str:
+    """The text between the markers of figure ``name`` on ``page``."""
+    report = load_report(docs / RESULTS, name)
+    k = kind(report)
+    if k not in RENDERERS:
+        raise FigureError(f"{docs / RESULTS / name}.json: no renderer for its kind {k!r} (known: {', '.join(RENDERERS)})")
+    link = os.path.relpath(docs / RESULTS / f"{name}.json", page.parent).replace(os.sep, "/")
+    return "\n" + RENDERERS[k](report) + "\n\n" + source_line(report, link) + "\n\n"
+
+
+def split(text: str, page: Path | str = "") -> list[str | tuple[str, str]]:
+    """``text`` as plain runs of lines and ``(name, body)`` figures. A marker is a line of its own outside fenced code
+    (a marker shown as an example, in a code block or a code span, is not one)."""
+    parts: list[str | tuple[str, str]] = []
+    plain: list[str] = []
+    figure: tuple[str, list[str]] | None = None
+    fence = False
+    for line in text.splitlines(keepends=True):
+        bare = line.rstrip("\n")
+        if figure is None and bare.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+        m = None if fence else OPEN.fullmatch(bare)
+        if figure is not None:
+            if m:
+                raise FigureError(f"{page}: figure {m['name']!r} opens inside figure {figure[0]!r}")
+            if bare == CLOSE:
+                parts.append((figure[0], "".join(figure[1])))
+                figure = None
+            else:
+                figure[1].append(line)
+        elif m:
+            parts.append("".join(plain))
+            plain = []
+            figure = (m["name"], [])
+        elif bare == CLOSE and not fence:
+            raise FigureError(f"{page}: {CLOSE} without its opening marker")
+        else:
+            plain.append(line)
+    if figure is not None:
+        raise FigureError(f"{page}: figure {figure[0]!r} is never closed with {CLOSE}")
+    parts.append("".join(plain))
+    return parts
+
+
+def find(text: str, page: Path | str = "") -> list[tuple[str, str]]:
+    """The ``(name, body)`` of every figure on a page."""
+    return [p for p in split(text, page) if isinstance(p, tuple)]
+
+
+def rewrite(text: str, page: Path, docs: Path) -> tuple[str, list[str]]:
+    """``text`` with every figure rendered, and the names of those that changed."""
+    out: list[str] = []
+    changed: list[str] = []
+    for part in split(text, page):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        name, body = part
+        new = render(page, name, docs)
+        if new != body:
+            changed.append(name)
+        out.append(f"<!-- figure: {name} -->\n{new}{CLOSE}\n")
+    return "".join(out), changed
+
+
+def pages(docs: Path) -> list[Path]:
+    return sorted(p for p in docs.rglob("*.md") if p.is_file())
+
+
+def run(docs: Path = DOCS, *, write: bool) -> tuple[list[str], list[str]]:
+    """(figures that differ from their results, problems); with ``write`` the pages are rewritten."""
+    stale: list[str] = []
+    problems: list[str] = []
+    cited: set[str] = set()
+    for page in pages(docs):
+        text = page.read_text()
+        try:
+            cited.update(name for name, _ in find(text, page))
+            new, changed = rewrite(text, page, docs)
+        except FigureError as exc:
+            problems.append(str(exc))
+            continue
+        stale += [f"{page.relative_to(docs)}: {name}" for name in changed]
+        if write and new != text:
+            page.write_text(new)
+    results = docs / RESULTS
+    for path in sorted(results.glob("*.json")) if results.is_dir() else []:
+        if path.stem not in cited:
+            problems.append(f"{path}: no page cites it (<!-- figure: {path.stem} -->)")
+    return stale, problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if a figure differs from its results")
+    ap.add_argument("--docs", type=Path, default=DOCS, help="the documentation folder (default: docs/)")
+    args = ap.parse_args(argv)
+    stale, problems = run(args.docs, write=not args.check)
+    for p in problems:
+        print(f"figures: {p}", file=sys.stderr)
+    if args.check:
+        for s in stale:
+            print(f"figures: {s} differs from its results file: run `make figures` (never edit a figure by hand)",
+                  file=sys.stderr)
+        ok = not stale and not problems
+        print(f"figures: {'up to date' if ok else 'stale or broken'}", file=sys.stderr)
+        return 0 if ok else 1
+    for s in stale:
+        print(f"figures: rewrote {s}", file=sys.stderr)
+    if not stale and not problems:
+        print("figures: up to date", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
