@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from schemas.common import AwareDatetime, Coding, NonEmptyStr, SchemaVersion, WireModel
 from schemas.limits import MAX_ENTRY_BYTES, MAX_TEXT_CHARS, EntryId, PatientId
+from schemas.vocabulary import Lifecycle
 
 
 class Reference(WireModel):
@@ -59,6 +60,13 @@ class RecordEntry(WireModel):
     components: tuple[tuple[Coding, Quantity], ...] = ()
     dosage: str | None = None
     references: tuple[Reference, ...] = ()
+    encounter: EntryId | None = Field(
+        default=None, description="The encounter the entry belongs to, as its source reference ('Encounter/<id>': "
+        "MIMIC hadm_id, FHIR encounter/context, HL7 v2 PV1-19). Printable ASCII, 1-256 characters")
+    lifecycle: Lifecycle | None = Field(
+        default=None, description="How the entry's facts stop being current, where the source knows better than "
+        "the default of its resource type (schemas.vocabulary.LIFECYCLE_BY_RESOURCE): MIMIC's inpatient orders end "
+        "with their admission, a pharmacy order is current inside its start/stop interval")
     attributes: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

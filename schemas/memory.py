@@ -13,7 +13,7 @@ from schemas.common import (
     Store,
     WireModel,
 )
-from schemas.vocabulary import DIRECTED_RELATIONS, Reason, RelationType
+from schemas.vocabulary import DIRECTED_RELATIONS, Lifecycle, Reason, RelationType
 
 
 class Span(WireModel):
@@ -52,6 +52,11 @@ class AtomicMemory(WireModel):
         default=None, description="Verified source system of the entry (its signature checked by the extract "
         "stage, see stam/integrity.py); None: unsigned. Never taken from the entry's free-text `source`")
     span: Span | None = None
+    encounter_id: str | None = Field(
+        default=None, description="The encounter the memory belongs to (its entry's ``encounter``)")
+    lifecycle: Lifecycle | None = Field(
+        default=None, description="How the fact stops being current (None: the default of its category, "
+        "schemas.vocabulary.LIFECYCLE_BY_CATEGORY)")
     embed_text: str | None = Field(
         default=None,
         description="Text used for the embedding when it differs from `text` (values excluded, so a "
@@ -88,3 +93,6 @@ class StoredMemory(WireModel):
     evidence_id: str | None = Field(default=None, description="Memory whose arrival moved this one")
     archived_by_entry: str | None = None
     archived_at: AwareDatetime | None = Field(default=None, description="Recorded (arrival) time")
+    ended_at: AwareDatetime | None = Field(
+        default=None, description="Clinical time the fact stopped holding, where it is its own and not its evidence's "
+        "(reasons encounter-ended and expired: the encounter's end, the interval's end)")

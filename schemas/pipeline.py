@@ -110,6 +110,10 @@ class TransitionKind(StrEnum):
     """The updater proposed deleting a HISTORY memory. Recorded only; the deletion gate decides."""
     DELETED = "deleted"
     """The deletion gate deleted a HISTORY memory: every projection forgets it (``gate`` says why)."""
+    RESTORED = "restored"
+    """A HISTORY memory is ACTIVE again because what ended it was cancelled (a cancelled discharge: HL7 A13, a FHIR
+    Encounter set back to in-progress). ``evidence_id`` is the memory that cancelled it; a point in time reads the
+    ending as never having happened."""
 
 
 class DeletionVerdict(WireModel):

@@ -21,6 +21,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from schemas.common import Category
+
 
 # Row: value, directed (reads source -> target), weight (of an edge of this type, 0-1), prompt (what the link
 # prompt says of it after its name: "" says nothing; a directed one says which way, from the NEW fact).
@@ -61,6 +63,14 @@ class Reason(StrEnum):
     ENTERED_IN_ERROR = "entered-in-error", "the source retracted it (entered in error, refuted)", False, ""
     PRIOR_STATE = ("prior-state", "a new memory that describes an earlier state than one already ACTIVE "
                    "(late arrival)", False, "")
+    # The lifecycle's reasons (``Lifecycle``): decided by the update stage from the record's own times, never by a
+    # reasoner, so none is offered to the language model.
+    ENCOUNTER_ENDED = ("encounter-ended", "its encounter ended (a discharge): an inpatient order, a diet, a line or "
+                       "an ICU item holds no longer than the stay it belongs to", False, "")
+    EXPIRED = ("expired", "its own interval ended on the patient's clinical clock (a pharmacy stop time, a validity "
+               "period, an infusion's end)", False, "")
+    EVENT = ("event", "an event (a dose given, a procedure done, a billing code): it happened at its time and is "
+             "never a current state", False, "")
 
     _value_: str
     description: str
@@ -110,6 +120,79 @@ class ReferenceRole(StrEnum):
         """The member named ``role``; None for a role this vocabulary does not know (the wire allows any)."""
         return cls._value2member_map_.get(role)  # type: ignore[return-value]
 
+
+# Row: value, description, ends_with_encounter (an ACTIVE fact of this kind that names its encounter ends no later
+# than that encounter: reason ``encounter-ended``), expires (an ACTIVE fact of this kind with an end time ends when the
+# patient's clinical clock passes it: reason ``expired``), current (a memory of this kind may be ACTIVE at all).
+class Lifecycle(StrEnum):
+    """How a kind of fact stops being current (the update stage's lifecycle rules, ``stam.lifecycle``)."""
+
+    STATE = ("state", "current until an entry ends it (conditions, allergies, home and community medications, care "
+             "plans)", False, False, True)
+    ENCOUNTER = ("encounter", "ends no later than its encounter (inpatient orders of every kind, diet, ADT, the "
+                 "encounter itself)", True, False, True)
+    INTERVAL = ("interval", "current only inside its interval on the patient's clinical clock, and no longer than its "
+                "encounter when it names one (pharmacy start/stop, ICU inputs, lines and drains, care units)",
+                True, True, True)
+    EVENT = ("event", "happened at its time, never a current state: history from the start (administrations, "
+             "procedures done, billing codes)", False, False, False)
+    MEASUREMENT = ("measurement", "the latest value of its concept is current, earlier ones are history (labs, vital "
+                   "signs, results)", False, False, True)
+
+    _value_: str
+    description: str
+    ends_with_encounter: bool
+    expires: bool
+    current: bool
+
+    if not TYPE_CHECKING:  # mypy would read it as the signature of a lookup by value, which takes no row
+        def __new__(cls, value: str, description: str, ends_with_encounter: bool, expires: bool,
+                    current: bool) -> Lifecycle:
+            member = str.__new__(cls, value)
+            member._value_ = value
+            member.description, member.ends_with_encounter, member.expires, member.current = (
+                description, ends_with_encounter, expires, current)
+            return member
+
+
+# The lifecycle of a source resource's own coded facts, by resource type; a source that knows more about one entry
+# (MIMIC's inpatient orders, an HL7 order of an inpatient visit, a FHIR request with a validity period) says so in
+# ``RecordEntry.lifecycle``.
+LIFECYCLE_BY_RESOURCE: dict[str, Lifecycle] = {
+    "Condition": Lifecycle.STATE,
+    "AllergyIntolerance": Lifecycle.STATE,
+    "CarePlan": Lifecycle.STATE,
+    "MedicationRequest": Lifecycle.STATE,
+    "MedicationStatement": Lifecycle.STATE,
+    "MedicationAdministration": Lifecycle.EVENT,
+    "Observation": Lifecycle.MEASUREMENT,
+    "DiagnosticReport": Lifecycle.MEASUREMENT,
+    "Procedure": Lifecycle.EVENT,
+    "Immunization": Lifecycle.EVENT,
+    "Encounter": Lifecycle.ENCOUNTER,
+    "ServiceRequest": Lifecycle.ENCOUNTER,
+    "DocumentReference": Lifecycle.STATE,
+    "Patient": Lifecycle.STATE,
+}
+# Every other memory (free text decomposed by the language model, a resource type not above), by its category.
+LIFECYCLE_BY_CATEGORY: dict[Category, Lifecycle] = {
+    Category.CONDITION: Lifecycle.STATE,
+    Category.MEDICATION: Lifecycle.STATE,
+    Category.OBSERVATION: Lifecycle.MEASUREMENT,
+    Category.PROCEDURE: Lifecycle.EVENT,
+    Category.IMMUNIZATION: Lifecycle.EVENT,
+    Category.ENCOUNTER: Lifecycle.ENCOUNTER,
+    Category.ALLERGY: Lifecycle.STATE,
+    Category.CAREPLAN: Lifecycle.STATE,
+    Category.REPORT: Lifecycle.MEASUREMENT,
+    Category.ORDER: Lifecycle.ENCOUNTER,
+    Category.NOTE: Lifecycle.STATE,
+    Category.OTHER: Lifecycle.STATE,
+}
+
+LIFECYCLE_REASONS = frozenset({Reason.ENCOUNTER_ENDED, Reason.EXPIRED})
+"""Reasons whose archival happened at a clinical time of its own (``StoredMemory.ended_at``, the transition's
+``clinical_time``: the encounter's end, the interval's end), not at its evidence's time."""
 
 DIRECTED_RELATIONS = frozenset(r for r in RelationType if r.directed)
 RELATION_WEIGHT: dict[RelationType, float] = {r: r.weight for r in RelationType}

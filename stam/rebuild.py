@@ -5,14 +5,15 @@ projections of it. :func:`replay` folds a patient's transition events, in log or
 :class:`PatientState`; :func:`rebuild` writes that state and its vectors to empty stores. Events are
 de-duplicated by ``transition_id``, so a log with redelivered events rebuilds the same state. A ``deleted``
 transition (the deletion gate) removes its memory, its relations and its vector, and re-points the successor
-links that named it, as the update stage did.
+links that named it, as the update stage did. A ``restored`` transition (a cancelled discharge) puts a HISTORY memory
+back in ACTIVE.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from schemas import Store, TransitionEvent, TransitionKind
+from schemas import LIFECYCLE_REASONS, Store, TransitionEvent, TransitionKind
 from stam.stages import Deps, _vectors
 from stam.state import PatientState
 from stam.stores.base import Commit, VectorRow
@@ -39,7 +40,10 @@ def replay(patient_id: str, events: Iterable[TransitionEvent]) -> PatientState:
                               entry_id=ev.entry_id, at=ev.recorded_at)
         elif ev.kind is TransitionKind.ARCHIVED and ev.reason is not None:
             state.archive(ev.memory_id, reason=ev.reason, successor_id=ev.successor_id,
-                          evidence_id=ev.evidence_id, entry_id=ev.entry_id, at=ev.recorded_at)
+                          evidence_id=ev.evidence_id, entry_id=ev.entry_id, at=ev.recorded_at,
+                          ended_at=ev.clinical_time if ev.reason in LIFECYCLE_REASONS else None)
+        elif ev.kind is TransitionKind.RESTORED and ev.memory_id in state.memories:
+            state.reinstate(ev.memory_id)
         elif ev.kind is TransitionKind.DELETED and ev.memory_id in state.memories:
             # Forgotten for good: a point-in-time replay (stam.read.asof) may meet it while it was still ACTIVE.
             state.delete(ev.memory_id, any_store=True)

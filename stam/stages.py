@@ -37,6 +37,7 @@ from schemas import (
     TransitionEvent,
     TransitionKind,
 )
+from stam import lifecycle
 from stam.embedding import Embedder
 from stam.errors import ConcurrentUpdate, EntryIdCollision, ReasoningError
 from stam.ids import transition_id
@@ -91,6 +92,9 @@ class StageParams:
     """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
     commit_retries: int = 5
     """Recomputations of a batch whose commit met a newer version, before giving up."""
+    lifecycle: bool = True
+    """The lifecycle's placements and endings (``stam.lifecycle``); off only for the evaluation's baselines that
+    accumulate (append-only) or follow the paper's concept rules alone."""
 
 
 @dataclass
@@ -152,7 +156,15 @@ def _checked(entry: RecordEntry, memories: Sequence[AtomicMemory]) -> ExtractedE
     for m in memories:
         if m.patient_id != entry.patient_id or m.entry_id != entry.entry_id:
             raise ReasoningError("extracted memory does not belong to its entry")
-    return ExtractedEntry(entry=entry, memories=tuple(memories))
+    return ExtractedEntry(entry=entry, memories=tuple(_scoped(entry, m) for m in memories))
+
+
+def _scoped(entry: RecordEntry, memory: AtomicMemory) -> AtomicMemory:
+    """The memory with its entry's encounter (a fact the language model read in a note belongs to the note's
+    encounter; the coded reasoner sets it, and the lifecycle of the entry's own facts, itself)."""
+    if memory.encounter_id is None and entry.encounter is not None:
+        return memory.model_copy(update={"encounter_id": entry.encounter})
+    return memory
 
 
 # --- link ------------------------------------------------------------------------------------------
@@ -394,6 +406,7 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
     entry = x.entry
     now = deps.clock()
     new_version = state.version + 1
+    ended_before = lifecycle.ended_encounters(state, x.memories)  # before this entry's records open any again
 
     for m in x.memories:
         state.add(m, Store.ACTIVE)
@@ -407,16 +420,22 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
     new_ids = {m.memory_id for m in x.memories}
 
     def emit(kind: TransitionKind, stored: StoredMemory, from_store: Store | None,
-             evidence: AtomicMemory, memory: AtomicMemory | None = None,
-             refused: tuple[RefusedArchive, ...] = ()) -> None:
+             evidence: AtomicMemory | None, memory: AtomicMemory | None = None,
+             refused: tuple[RefusedArchive, ...] = (), evidence_id: str | None = None,
+             clinical_time: datetime | None = None) -> None:
+        """``evidence``: the memory whose arrival caused it (its clinical time is the transition's); a lifecycle
+        ending gives its own ``clinical_time`` and ``evidence_id`` instead."""
+        if evidence is not None:
+            evidence_id = evidence.memory_id if kind is not TransitionKind.ADDED else None
+            clinical_time = evidence.effective_end or evidence.effective_start
         events.append(TransitionEvent(
             transition_id=transition_id(entry.entry_id, stored.memory.memory_id, kind.value),
             patient_id=entry.patient_id, entry_id=entry.entry_id, sequence=len(events), kind=kind,
             memory_id=stored.memory.memory_id, from_store=from_store,
             to_store=stored.store if kind is not TransitionKind.DELETE_PROPOSED else None,
             reason=stored.reason, successor_id=stored.successor_id,
-            evidence_id=evidence.memory_id if kind is TransitionKind.ARCHIVED else None,
-            clinical_time=evidence.effective_end or evidence.effective_start,
+            evidence_id=evidence_id if kind in (TransitionKind.ARCHIVED, TransitionKind.RESTORED) else None,
+            clinical_time=clinical_time,
             recorded_at=now, state_version=new_version, memory=memory,
             relations=tuple(added_relations.get(memory.memory_id, ())) if memory else (),
             refused=refused,
@@ -437,11 +456,16 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
                 raise ReasoningError("a relation of an update decision must start at its memory")
             if state.relate(r):
                 added_relations.setdefault(r.source_id, []).append(r)
+        # An event, or an encounter's record saying it ended: HISTORY whatever the reasoner said.
+        forced = lifecycle.placement(m) if deps.params.lifecycle else None
         if decision.placement is Store.HISTORY:
             if decision.placement_reason is None:
                 raise ReasoningError("a memory placed in HISTORY needs a reason")
             stored = state.archive(m.memory_id, reason=decision.placement_reason,
                                    successor_id=decision.successor_id, evidence_id=None,
+                                   entry_id=entry.entry_id, at=now)
+        elif forced is not None:
+            stored = state.archive(m.memory_id, reason=forced, successor_id=None, evidence_id=None,
                                    entry_id=entry.entry_id, at=now)
         else:
             stored = state.memories[m.memory_id]
@@ -469,8 +493,27 @@ def _apply(x: ImpactedEntry, relations: Sequence[Relation],
             if target is not None and target.store is Store.HISTORY and d not in proposed:
                 proposed.add(d)  # one proposal per memory and entry: transition ids stay unique
                 emit(TransitionKind.DELETE_PROPOSED, target, Store.HISTORY, m)
+    # The lifecycle, after the judgements and on the clock they moved: a cancelled end first, then what is over.
+    if deps.params.lifecycle:
+        _lifecycle(state, x, ended_before, changed, emit, now)
     state.version = new_version
     return events, changed
+
+
+def _lifecycle(state: PatientState, x: ImpactedEntry, ended_before: dict[str, bool],
+               changed: dict[str, StoredMemory], emit: Callable[..., None], now: datetime) -> None:
+    for mid, evidence_id in lifecycle.reopened(state, x.memories, ended_before):
+        back = state.reinstate(mid)
+        changed[mid] = back
+        emit(TransitionKind.RESTORED, back, Store.HISTORY, None, evidence_id=evidence_id,
+             clinical_time=state.memories[evidence_id].memory.effective_start)
+    for ending in lifecycle.endings(state):
+        moved = state.archive(ending.memory_id, reason=ending.reason, successor_id=None,
+                              evidence_id=ending.evidence_id, entry_id=x.entry.entry_id, at=now,
+                              ended_at=ending.ended_at)
+        changed[ending.memory_id] = moved
+        emit(TransitionKind.ARCHIVED, moved, Store.ACTIVE, None, evidence_id=ending.evidence_id,
+             clinical_time=ending.ended_at)
 
 
 def process_entry(entry: RecordEntry, deps: Deps) -> UpdateResult:

@@ -10,7 +10,13 @@ state store appends per commit and folds into a new snapshot when the log outgro
 
 Invariants kept here:
 - a relation is never added to a memory in HISTORY (relations that existed survive the transition);
-- a memory moves ACTIVE -> HISTORY only through :meth:`archive`, which records reason and successor.
+- a memory moves ACTIVE -> HISTORY only through :meth:`archive`, which records reason and successor, and back only
+  through :meth:`reinstate` (what ended it was cancelled).
+
+The lifecycle's indexes (:mod:`stam.lifecycle` decides with them) are derived from the memory records alone, so a
+state restored from its stored form has them too: the patient's clinical clock (:attr:`PatientState.clock`), each
+encounter's ACTIVE facts that end with it, its end when its own record says it ended, and the ACTIVE facts with an
+end time of their own.
 
 A working copy (:meth:`copy`) shares the graph and the indexes with its original (persistent maps: a change
 makes a new version and leaves the old one whole), so a copy of a large patient's state for one entry costs one
@@ -27,10 +33,43 @@ import igraph as ig
 import immutables
 import orjson
 
-from schemas import AtomicMemory, Reason, Relation, RelationType, Store, StoredMemory
+from schemas import AtomicMemory, Category, Reason, Relation, RelationType, Store, StoredMemory
+from schemas.vocabulary import LIFECYCLE_BY_CATEGORY, Lifecycle
 
 Edge = tuple[str, str, str, float]
 """(source memory id, target memory id, relation type value, weight)."""
+
+NEVER = float("-inf")
+
+
+def lifecycle_of(memory: AtomicMemory) -> Lifecycle:
+    """How the fact stops being current: the memory's own lifecycle, else the default of its category."""
+    return memory.lifecycle or LIFECYCLE_BY_CATEGORY[memory.category]
+
+
+def is_encounter_record(memory: AtomicMemory) -> bool:
+    """The memory is a record of its encounter itself (an admission, a visit), not a fact recorded during it."""
+    return memory.category is Category.ENCOUNTER and memory.encounter_id is not None \
+        and memory.source_ref == memory.encounter_id
+
+
+def _ts(t: datetime | None) -> float:
+    return t.timestamp() if t is not None else NEVER
+
+
+def placed(stored: StoredMemory) -> bool:
+    """Added straight to HISTORY by its own entry (it arrived already ended: a stop, an event, a discharge), as
+    opposed to archived later by other evidence or by the lifecycle (``ended_at``)."""
+    return (stored.store is Store.HISTORY and stored.evidence_id is None and stored.ended_at is None
+            and stored.archived_by_entry == stored.memory.entry_id)
+
+
+def evidence_ts(stored: StoredMemory) -> float:
+    """The clinical time a memory is evidence at (seconds; see ``stam.read.asof.evidence_time``): an ended fact's end,
+    a current fact's start."""
+    m = stored.memory
+    first, second = (m.effective_end, m.effective_start) if placed(stored) else (m.effective_start, m.effective_end)
+    return _ts(first if first is not None else second)
 
 
 class _Lists:
@@ -83,6 +122,20 @@ class PatientState:
         self._active_concept = _Lists()
         """Concept key -> its ACTIVE memories (usually one: the current value)."""
         self._by_source = _Lists()
+        # --- the lifecycle's indexes (see the module's notes) ---
+        self.clock = NEVER
+        """The patient's clinical clock (seconds since the epoch): the latest clinical time any memory is evidence
+        at. It only moves forward; an interval or an encounter whose end it has passed is over."""
+        self._scoped = _Lists()
+        """Encounter id -> its ACTIVE memories whose lifecycle ends with the encounter (its own records included)."""
+        self._enc_records = _Lists()
+        """Encounter id -> its own ACTIVE records (an encounter with one is open)."""
+        self._enc_end: immutables.Map[str, tuple[float, str]] = immutables.Map()
+        """Encounter id -> (end, memory id) of the latest end its own records placed in HISTORY said."""
+        self._enc_ended = _Lists()
+        """Encounter id -> the memories the lifecycle archived when it ended (a cancelled discharge reinstates them)."""
+        self._expiring: immutables.Map[str, float] = immutables.Map()
+        """ACTIVE memory id -> its end, for facts whose lifecycle expires and that have an end time."""
         self._igraph: ig.Graph | None = None
         self.graph_ops: list[list[Any]] = []
         """Graph changes not yet persisted: ``["v", id]`` add a vertex, ``["e", source, target, type, weight]``
@@ -126,6 +179,29 @@ class PatientState:
 
     def by_source(self, source_ref: str) -> list[StoredMemory]:
         return [self.memories[i] for i in self._by_source.get(source_ref)]
+
+    def encounter_end(self, encounter_id: str) -> tuple[float, str] | None:
+        """(end, memory id of the record that said so) of an encounter that ended; None while it is open (an
+        ACTIVE record of its own) or while nothing recorded its end."""
+        if self._enc_records.get(encounter_id):
+            return None
+        return self._enc_end.get(encounter_id)
+
+    def encounters_with_scoped(self) -> list[str]:
+        """Encounters that have ACTIVE facts ending with them."""
+        return list(self._scoped._m.keys())
+
+    def scoped_to(self, encounter_id: str) -> list[StoredMemory]:
+        """An encounter's ACTIVE facts that end with it (its own ACTIVE records included)."""
+        return [self.memories[i] for i in self._scoped.get(encounter_id)]
+
+    def ended_with(self, encounter_id: str) -> list[StoredMemory]:
+        """The memories the lifecycle archived when the encounter ended, still in HISTORY."""
+        return [self.memories[i] for i in self._enc_ended.get(encounter_id)]
+
+    def expiring(self) -> list[tuple[str, float]]:
+        """(memory id, end) of the ACTIVE facts that expire at an end time of their own."""
+        return list(self._expiring.items())
 
     def neighbours(self, memory_id: str) -> list[tuple[str, RelationType, float]]:
         """One hop, both directions: (neighbour id, relation type, weight), in igraph's order (by neighbour)."""
@@ -191,18 +267,37 @@ class PatientState:
         return stored
 
     def archive(self, memory_id: str, *, reason: Reason, successor_id: str | None,
-                evidence_id: str | None, entry_id: str, at: datetime) -> StoredMemory:
+                evidence_id: str | None, entry_id: str, at: datetime,
+                ended_at: datetime | None = None) -> StoredMemory:
+        """Move an ACTIVE memory to HISTORY. ``ended_at``: the lifecycle ended it at a clinical time of its own (an
+        encounter's end, its interval's end), not at its evidence's time."""
         current = self.memories[memory_id]
         if current.store is not Store.ACTIVE:
             raise ValueError(f"memory {memory_id} is not ACTIVE")
         moved = current.model_copy(update={
             "store": Store.HISTORY, "reason": reason, "successor_id": successor_id,
-            "evidence_id": evidence_id, "archived_by_entry": entry_id, "archived_at": at,
+            "evidence_id": evidence_id, "archived_by_entry": entry_id, "archived_at": at, "ended_at": ended_at,
         })
         self.memories[memory_id] = moved
         if current.memory.concept_key:
             self._active_concept.remove(current.memory.concept_key, memory_id)
+        self._unindex_active(current)
+        self._index_history(moved)
+        self.clock = max(self.clock, evidence_ts(moved))  # a fact placed in HISTORY is evidence at its end
         return moved
+
+    def reinstate(self, memory_id: str) -> StoredMemory:
+        """A HISTORY memory back in ACTIVE: what ended it was cancelled (a cancelled discharge)."""
+        current = self.memories[memory_id]
+        if current.store is not Store.HISTORY:
+            raise ValueError(f"memory {memory_id} is not in HISTORY")
+        self._unindex_history(current)
+        back = StoredMemory(memory=current.memory, store=Store.ACTIVE)
+        self.memories[memory_id] = back
+        if back.memory.concept_key:
+            self._active_concept.add(back.memory.concept_key, memory_id)
+        self._index_active(back)
+        return back
 
     def delete(self, memory_id: str, *, any_store: bool = False) -> list[StoredMemory]:
         """Forget a HISTORY memory (the deletion gate): the memory, its graph vertex and its relations go. A
@@ -219,6 +314,8 @@ class PatientState:
             self._active_concept.remove(mem.concept_key, memory_id)
         if mem.source_ref:
             self._by_source.remove(mem.source_ref, memory_id)
+        self._unindex_active(gone)
+        self._unindex_history(gone)
         if self._remove_vertex(memory_id):
             self.graph_ops.append(["x", memory_id])
         relinked = [s.model_copy(update={"successor_id": gone.successor_id})
@@ -258,6 +355,50 @@ class PatientState:
                 self._active_concept.add(mem.concept_key, mem.memory_id)
         if mem.source_ref:
             self._by_source.add(mem.source_ref, mem.memory_id)
+        self.clock = max(self.clock, evidence_ts(stored))
+        if stored.store is Store.ACTIVE:
+            self._index_active(stored)
+        else:
+            self._index_history(stored)
+
+    def _index_active(self, stored: StoredMemory) -> None:
+        mem = stored.memory
+        kind = lifecycle_of(mem)
+        if mem.encounter_id is not None and kind.ends_with_encounter:
+            self._scoped.add(mem.encounter_id, mem.memory_id)
+        if is_encounter_record(mem):
+            assert mem.encounter_id is not None
+            self._enc_records.add(mem.encounter_id, mem.memory_id)
+        if kind.expires and mem.effective_end is not None:
+            self._expiring = self._expiring.set(mem.memory_id, mem.effective_end.timestamp())
+
+    def _unindex_active(self, stored: StoredMemory) -> None:
+        mem = stored.memory
+        if mem.encounter_id is not None:
+            self._scoped.remove(mem.encounter_id, mem.memory_id)
+            self._enc_records.remove(mem.encounter_id, mem.memory_id)
+        if mem.memory_id in self._expiring:
+            self._expiring = self._expiring.delete(mem.memory_id)
+
+    def _index_history(self, stored: StoredMemory) -> None:
+        mem = stored.memory
+        if mem.encounter_id is None or stored.reason is not Reason.ENCOUNTER_ENDED:
+            return
+        if is_encounter_record(mem) and placed(stored):
+            end = evidence_ts(stored)
+            known = self._enc_end.get(mem.encounter_id)
+            if known is None or end >= known[0]:
+                self._enc_end = self._enc_end.set(mem.encounter_id, (end, mem.memory_id))
+        elif stored.ended_at is not None and not is_encounter_record(mem):
+            self._enc_ended.add(mem.encounter_id, mem.memory_id)
+
+    def _unindex_history(self, stored: StoredMemory) -> None:
+        mem = stored.memory
+        if mem.encounter_id is not None:
+            self._enc_ended.remove(mem.encounter_id, mem.memory_id)
+            known = self._enc_end.get(mem.encounter_id)
+            if known is not None and known[1] == mem.memory_id:
+                self._enc_end = self._enc_end.delete(mem.encounter_id)
 
     # --- the graph's own bookkeeping (no op recorded) ----------------------------------------------------
 
@@ -309,6 +450,8 @@ class PatientState:
         c._edges, c._next_edge = self._edges, self._next_edge
         c._adj, c._by_concept, c._by_source = self._adj.copy(), self._by_concept.copy(), self._by_source.copy()
         c._active_concept = self._active_concept.copy()
+        c.clock, c._scoped, c._enc_records = self.clock, self._scoped.copy(), self._enc_records.copy()
+        c._enc_end, c._enc_ended, c._expiring = self._enc_end, self._enc_ended.copy(), self._expiring
         c._igraph = self._igraph  # igraph graphs are not changed in place here; a change drops it
         c.graph_ops, c.graph_log, c.graph_base = [], self.graph_log, self.graph_base
         return c

@@ -53,10 +53,13 @@ from schemas import (
 from schemas.pipeline import Archive
 from stam.reasoning.base import Candidate, Router
 from stam.reasoning.coded import CodedReasoner
-from stam.sources.mimic import _read, _time
+from stam.sources.mimic import iter_table, parse_mimic_time
 from stam.state import PatientState
 
 VARIANTS = ("stam", "semantic-only", "no-relations", "rule-measurement-dose", "rule-non-episodic", "append-only")
+BASELINES = frozenset({"rule-measurement-dose", "rule-non-episodic", "append-only"})
+"""The paper's baselines: they keep to their own rules (accumulate; supersede by concept), without the lifecycle's
+encounter and interval endings, which are part of STAM."""
 PAIR_KINDS = ("poe-change", "poe-dc", "pharmacy-stop", "lab-repeat")
 _EPISODIC = {Category.ENCOUNTER, Category.PROCEDURE, Category.IMMUNIZATION, Category.NOTE, Category.REPORT}
 
@@ -91,7 +94,7 @@ def mimic_gold(root: Path, entry_ids: set[str], subjects: Iterable[str] | None =
     gold = Gold()
     named: set[str] = set()
     open_orders: dict[str, str] = {}
-    for row in _read(root, "poe", wanted):
+    for row in iter_table(root, "poe", wanted):
         pid, poe = row["subject_id"], row["poe_id"]
         old = row.get("discontinue_of_poe_id") or ""
         kind = {"Change": "poe-change", "D/C": "poe-dc"}.get(row.get("transaction_type") or "")
@@ -103,7 +106,7 @@ def mimic_gold(root: Path, entry_ids: set[str], subjects: Iterable[str] | None =
         elif not row.get("discontinued_by_poe_id") and f"mimic-iv:poe:{poe}" in entry_ids:
             open_orders[poe] = pid
     stopped_orders: set[str] = set()
-    for row in _read(root, "pharmacy", wanted):
+    for row in iter_table(root, "pharmacy", wanted):
         start, stop = (f"mimic-iv:pharmacy:{row['pharmacy_id']}:{x}" for x in ("start", "stop"))
         if start in entry_ids and stop in entry_ids:
             gold.pairs.append(GoldPair("pharmacy-stop", row["subject_id"], start, stop))
@@ -113,9 +116,9 @@ def mimic_gold(root: Path, entry_ids: set[str], subjects: Iterable[str] | None =
         if poe not in named and poe not in stopped_orders:
             gold.holds[pid].add(f"mimic-iv:poe:{poe}")
     series: dict[tuple[str, str], list[tuple[datetime, str]]] = defaultdict(list)
-    for row in _read(root, "labevents", wanted):
+    for row in iter_table(root, "labevents", wanted):
         eid = f"mimic-iv:labevents:{row['labevent_id']}"
-        when = _time(row.get("charttime"), "charttime")
+        when = parse_mimic_time(row.get("charttime"), "charttime")
         if eid in entry_ids and when is not None:
             series[(row["subject_id"], row["itemid"])].append((when, eid))
     for (pid, item), results in series.items():
@@ -430,7 +433,8 @@ def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects:
     wanted = set(subjects) if subjects is not None else None
     router = make_router(variant)
     deps, client = local_deps(workdir / f"milvus-{variant}.db", workdir / f"redis-{variant}.rdb",
-                              embedder=embedder, router=router, impact_channels=impact_channels(variant))
+                              embedder=embedder, router=router, impact_channels=impact_channels(variant),
+                              lifecycle=variant not in BASELINES)
     out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list),
                    seconds=float(meta.get("seconds", 0.0)), _client=client)
     with (workdir / "events.jsonl").open("rb") as fh:
@@ -460,7 +464,8 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
     workdir.mkdir(parents=True, exist_ok=True)
     router = make_router(variant)
     deps, client = local_deps(workdir / f"milvus-{variant}.db", workdir / f"redis-{variant}.rdb",
-                              embedder=embedder, router=router, impact_channels=impact_channels(variant))
+                              embedder=embedder, router=router, impact_channels=impact_channels(variant),
+                              lifecycle=variant not in BASELINES)
     out = Replayed(deps=deps, router=router, events=defaultdict(list), entries=defaultdict(list), seconds=0.0,
                    _client=client)
     started = time.perf_counter()

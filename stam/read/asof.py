@@ -17,6 +17,10 @@ Two ways to name the past:
   stop: the start stands for the order). An archival of a memory that did not exist yet at T (an explicit
   reference can end an order whose own start is later than the order that ended it) is left out.
 
+An archival by the lifecycle (reasons ``encounter-ended`` and ``expired``) happens at its own clinical time (the
+encounter's end, the interval's end: the transition's ``clinical_time``), not its evidence's. An ending that a later
+``restored`` transition cancelled (a cancelled discharge) never happened, at any time.
+
 A memory the deletion gate deleted (a ``deleted`` transition) is absent from every point in time, before its
 deletion too: deletion forgets, it does not end a fact. Past states are computed as if it had never been
 recorded: a memory whose successor it was is followed by its successor instead (the link the update stage
@@ -35,7 +39,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from schemas import AtomicMemory, Store, TransitionEvent, TransitionKind
+from schemas import LIFECYCLE_REASONS, AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
 from stam.rebuild import replay
 from stam.state import PatientState
@@ -95,8 +99,27 @@ def forget_deleted(events: Sequence[TransitionEvent]) -> list[TransitionEvent]:
     return out
 
 
+def forget_cancelled(events: Sequence[TransitionEvent]) -> list[TransitionEvent]:
+    """The events as if an ending that was later cancelled (a ``restored`` transition: a cancelled discharge) had
+    never happened: the restore and the archival it reversed both go. What the log knows now is that the fact did
+    not end then (the timeline, built from the memory records, sees the same)."""
+    if not any(e.kind is TransitionKind.RESTORED for e in events):
+        return list(events)
+    drop: set[int] = set()
+    last_archival: dict[str, int] = {}
+    for i, e in enumerate(events):
+        if e.kind is TransitionKind.ARCHIVED:
+            last_archival[e.memory_id] = i
+        elif e.kind is TransitionKind.RESTORED:
+            drop.add(i)
+            j = last_archival.pop(e.memory_id, None)
+            if j is not None:
+                drop.add(j)
+    return [e for i, e in enumerate(events) if i not in drop]
+
+
 def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: datetime) -> PatientState:
-    mine = forget_deleted([e for e in events if e.patient_id == patient_id])
+    mine = forget_cancelled(forget_deleted([e for e in events if e.patient_id == patient_id]))
     source = {e.memory_id: e.memory.source_ref for e in mine if e.memory is not None and e.memory.source_ref}
     covered = {e.evidence_id for e in mine if e.kind is TransitionKind.ARCHIVED and e.evidence_id
                and source.get(e.memory_id) is not None and source.get(e.memory_id) == source.get(e.evidence_id)}
@@ -107,6 +130,8 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
     def when(e: TransitionEvent) -> datetime | None:
         if e.kind is TransitionKind.ADDED:
             return times.get(e.memory_id)
+        if e.kind is TransitionKind.ARCHIVED and e.reason in LIFECYCLE_REASONS:
+            return e.clinical_time  # the encounter's or the interval's own end, not its evidence's time
         return times.get(e.evidence_id, e.clinical_time) if e.evidence_id else e.clinical_time
 
     kept = []

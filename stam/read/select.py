@@ -468,7 +468,10 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         window = by("window", "current", "latest")
         if len(window) >= MAX_WINDOW:
             return None  # more than were listed: the count would not be checkable against the packet
-        return Fact(kind, f"{name}, number recorded{upto}: {len(window)}", tuple(tl.ids[i] for i in window))
+        # Versions of one source resource are one thing recorded (an admission and its discharge, an order and its
+        # pharmacy versions); each result or order is its own resource.
+        things = {tl.source[i] or tl.ids[i] for i in window}
+        return Fact(kind, f"{name}, number recorded{upto}: {len(things)}", tuple(tl.ids[i] for i in window))
     if not cur:
         return None
     cur_v = _one_value(tl, cur)

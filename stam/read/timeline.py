@@ -103,7 +103,7 @@ class Timeline:
     """Clinical time the memory is evidence at: a current fact's start, an ended fact's end."""
     kind: np.ndarray
     t_ended: np.ndarray
-    """Clinical time of the evidence that ended it (ARCHIVED: its evidence's; PLACED: its own)."""
+    """Clinical time it ended (ARCHIVED: its evidence's, or the lifecycle's own ``ended_at``; PLACED: its own end)."""
     succ: np.ndarray
     evid: np.ndarray
     covered: np.ndarray
@@ -142,7 +142,7 @@ class Timeline:
         if n == 0:
             return cls._empty(patient_id, version)
         (mids, pids, entries, positions_in, categories, sources, concepts, displays, units, dosages, values, starts,
-         ends, in_hists, evidences, successors, reasons_in, embed_keys_in) = zip(*rows_in, strict=True)
+         ends, in_hists, evidences, successors, reasons_in, embed_keys_in, ended_ats) = zip(*rows_in, strict=True)
         if any(p != patient_id for p in pids):
             other = next(m for m, p in zip(mids, pids, strict=True) if p != patient_id)
             raise IsolationBreach(f"memory {other} of another patient in this patient's records")
@@ -170,14 +170,16 @@ class Timeline:
         hist = np.array([in_hists[i] for i in take], dtype=bool)
         evidence = col(evidences)
         has_evidence = np.array([e is not None for e in evidence], dtype=bool)
-        placed = hist & ~has_evidence
+        ended_at = np.array([_NEG if ended_ats[i] is None else ended_ats[i] for i in take], dtype=np.float64)
+        has_end = np.isfinite(ended_at)  # the lifecycle ended it at a time of its own (encounter's, interval's end)
+        placed = hist & ~has_evidence & ~has_end
         # Evidence time (see stam.read.asof.evidence_time): an ended fact's end, a current fact's start.
         t_add = np.where(placed, np.where(np.isfinite(t_end), t_end, t_start),
                          np.where(np.isfinite(t_start), t_start, t_end))
         value = np.array([np.nan if values[i] is None else float(values[i]) for i in take], dtype=np.float64)
         kind = np.zeros(n, dtype=np.int8)
         kind[placed] = PLACED
-        archived = hist & has_evidence
+        archived = hist & (has_evidence | has_end)
         kind[archived] = ARCHIVED
         succ = np.full(n, NO_SUCCESSOR, dtype=np.int32)
         successor = col(successors)
@@ -192,6 +194,7 @@ class Timeline:
         known = archived & (evid >= 0)
         t_ended[known] = t_add[evid[known]]
         t_ended[archived & (evid < 0)] = _NEG  # its evidence is gone from the record: ended at an unknown time
+        t_ended[has_end] = ended_at[has_end]
         # An archived version whose evidence is a later version of the same source resource (a pharmacy stop of
         # its start) covers that evidence: the stop does not stand for the order inside its own interval.
         src_code: dict[str | None, int] = {s: k for k, s in enumerate(set(source)) if s is not None}

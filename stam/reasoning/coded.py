@@ -24,6 +24,11 @@ resource (a POE 'D/C' order) ends it with the new memory's own reason (stopped w
 
 Memories that are only similar in meaning are never archived by this reasoner: an ACTIVE memory stays
 unless the codes show it no longer holds.
+
+Events (``Lifecycle.EVENT``: a dose given, a procedure done) are history from the start: such a memory goes to
+HISTORY (reason ``event``) and ends nothing by its concept (a dose given does not end the order for the drug); only
+its explicit references and its own resource's versions apply. The encounter and interval endings are the update
+stage's (``stam.lifecycle``), after these rules.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from schemas import (
+    LIFECYCLE_BY_RESOURCE,
     Archive,
     AtomicMemory,
     Category,
@@ -49,7 +55,7 @@ from schemas import (
 from schemas.vocabulary import RELATION_WEIGHT as RELATION_WEIGHT  # its former home, kept importable
 from stam.ids import memory_id
 from stam.reasoning.base import Candidate
-from stam.state import PatientState
+from stam.state import PatientState, lifecycle_of
 
 RESOURCE_CATEGORY: dict[str, Category] = {
     "Condition": Category.CONDITION,
@@ -145,7 +151,7 @@ def verbatim_memory(entry: RecordEntry, position: int = 0) -> AtomicMemory:
         memory_id=memory_id(entry.patient_id, entry.entry_id, position), patient_id=entry.patient_id,
         entry_id=entry.entry_id, position=position, category=Category.NOTE, text=(entry.text or "").strip(),
         status=entry.status, effective_start=entry.effective_at, effective_end=entry.effective_end,
-        recorded_at=entry.recorded_at, source_ref=entry.source_ref,
+        recorded_at=entry.recorded_at, source_ref=entry.source_ref, encounter_id=entry.encounter,
     )
 
 
@@ -177,7 +183,8 @@ class CodedReasoner:
                 embed_text=f"{category.value}: {display}",
                 concept=coding, status=entry.status, value=value, value_text=value_text, unit=unit,
                 dosage=entry.dosage, effective_start=entry.effective_at, effective_end=entry.effective_end,
-                recorded_at=entry.recorded_at, source_ref=entry.source_ref,
+                recorded_at=entry.recorded_at, source_ref=entry.source_ref, encounter_id=entry.encounter,
+                lifecycle=entry.lifecycle or LIFECYCLE_BY_RESOURCE.get(entry.resource_type or ""),
             ))
         if entry.text and entry.text.strip():
             # A coded entry that also carries text (a report's presented form): the text is kept verbatim
@@ -267,9 +274,18 @@ class CodedReasoner:
                                                        successor_id=mid)
         explicit = bool(archives)
         for s in same_resource:
-            if s.store is Store.ACTIVE and s.memory.concept_key == key:
+            # Versions of one resource replace each other concept by concept (a panel's components differ); an
+            # encounter's records replace each other whatever their class (an admission's discharge, its transfer).
+            if s.store is Store.ACTIVE and (s.memory.concept_key == key or memory.category is Category.ENCOUNTER):
                 archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id,
                                                        reason=own or Reason.SUPERSEDED, successor_id=mid)
+        if not lifecycle_of(memory).current:
+            # An event that did not happen (not done, held) says so; one that happened, completed or stopped, is
+            # an event.
+            placed = own if own is Reason.CANCELLED else Reason.EVENT
+            return UpdateDecision(memory_id=mid, placement=Store.HISTORY, placement_reason=placed,
+                                  archive=tuple(archives.values()),
+                                  rationale="an event: it happened at its time, it is no current state")
         active_same = [s for s in same_concept if s.store is Store.ACTIVE
                        and s.memory.memory_id not in archives]
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
+from schemas import Coding, Lifecycle, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
 from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
@@ -210,6 +210,7 @@ class _Mapped:
     text: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
     refs: list[Reference] = field(default_factory=list)
+    lifecycle: Lifecycle | None = None
 
     def add_refs(self, role: ReferenceRole, items: list[dict[str, Any]] | None) -> None:
         for item in items or []:
@@ -231,7 +232,13 @@ def _medication(r: dict[str, Any], m: _Mapped) -> None:
     m.codes = _codings(r.get("medicationCodeableConcept"))
     m.start = parse_time(r.get("authoredOn") or r.get("effectiveDateTime")
                          or (r.get("effectivePeriod") or {}).get("start"))
-    m.end = parse_time((r.get("effectivePeriod") or {}).get("end"))
+    validity = ((r.get("dispenseRequest") or {}).get("validityPeriod") or {}).get("end")
+    m.end = parse_time((r.get("effectivePeriod") or {}).get("end") or validity)
+    categories = {c.code for c in _first_codings(r.get("category"))}
+    if m.end is not None and r["resourceType"] != "MedicationAdministration":
+        m.lifecycle = Lifecycle.INTERVAL  # current inside its effective or validity period
+    elif "inpatient" in categories:
+        m.lifecycle = Lifecycle.ENCOUNTER  # an inpatient order ends with its stay
     m.recorded = parse_time(r.get("authoredOn") or r.get("dateAsserted"))
     m.dosage = _dosage(r)
     m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
@@ -269,6 +276,9 @@ def _encounter(r: dict[str, Any], m: _Mapped) -> None:
     m.codes = _first_codings(r.get("type"))
     period = r.get("period") or {}
     m.start, m.end = parse_time(period.get("start")), parse_time(period.get("end"))
+    klass = r.get("class") or {}
+    if klass.get("code"):
+        m.attributes["class"] = klass["code"]
     m.refs.extend(Reference(role=ReferenceRole.REASON, target=f"concept:{c.system}|{c.code}")
                   for c in _first_codings(r.get("reasonCode")))
     m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
@@ -356,17 +366,20 @@ def resource_to_entry(r: dict[str, Any], patient_id: str, urls: dict[str, str] |
     if encounter_ref is None and isinstance(context, dict) and context.get("encounter"):
         encounter_ref = context["encounter"][0].get("reference")
     encounter = _canonical_ref(encounter_ref, m.urls)
+    source_ref = f"{rtype}/{r['id']}" if r.get("id") else None
     if encounter and encounter_reasons:
         m.refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=f"concept:{c.system}|{c.code}")
                       for c in encounter_reasons.get(encounter, []))
     recorded = m.recorded or parse_time((r.get("meta") or {}).get("lastUpdated")) or m.start
-    source_ref = f"{rtype}/{r['id']}" if r.get("id") else None
+    if rtype == "Encounter" and source_ref:
+        encounter = source_ref  # an encounter's own record belongs to itself
     content = json.dumps(r, sort_keys=True, separators=(",", ":"))
     return RecordEntry(
         patient_id=patient_id, entry_id=f"{SOURCE}:{source_ref or rtype}:{digest(content, size=8)}",
         source=SOURCE, source_ref=source_ref, resource_type=rtype, effective_at=m.start,
         effective_end=m.end, recorded_at=recorded, status=m.status, codes=tuple(m.codes), value=m.value,
         components=tuple(m.components), dosage=m.dosage, references=tuple(m.refs), text=m.text,
+        encounter=encounter if encounter and len(encounter) <= 256 else None, lifecycle=m.lifecycle,
         attributes=m.attributes,
     )
 

@@ -9,8 +9,9 @@ What each table becomes (``resource_type`` / identity / times):
 ==================  =========================  =================================================================
 table               entry                      notes
 ==================  =========================  =================================================================
-admissions          Encounter                  one "hospital admission" concept: the newest admission is the
-                                               current one; ``deathtime`` also gives a death Observation
+admissions          Encounter, two entries:    one "hospital admission" concept: in progress at admittime, then
+                    admission and discharge    its discharge at dischtime (finished), which ends what ends with
+                                               the admission; ``deathtime`` also gives a death Observation
 transfers           Encounter (care unit)      one "care unit" concept: each transfer supersedes the last
 services            Encounter (service)        one "hospital service" concept
 icustays            Encounter (ICU stay)       one "ICU stay" concept
@@ -38,6 +39,13 @@ datetimeevents
 procedureevents     Procedure                  identity = d_items itemid
 ==================  =========================  =================================================================
 
+Every row with a ``hadm_id`` names its admission (``RecordEntry.encounter`` = ``Encounter/<hadm_id>``), and each
+table declares how its facts end (``RecordEntry.lifecycle``, ``stam.lifecycle``): POE orders of every type and
+services end with their admission; pharmacy orders, orphan prescriptions, transfers (care units), ICU stays, ICU
+inputs with an interval and ICU procedures with an interval (lines, drains) are current inside their interval and
+no longer than their admission; administrations (``emar``, ICU inputs without an interval), billed procedures and
+HCPCS events are events; diagnoses are states; measurements keep their latest value current.
+
 Entry ids keep the source row: ``mimic-iv:<table>:<row key>[:start|:stop]`` (the row key is the table's
 id column where it has one: poe_id, pharmacy_id, emar_id, labevent_id, microevent_id, transfer_id,
 hadm_id, stay_id, orderid; otherwise the columns that identify the row). MIMIC times carry no zone; they are
@@ -58,13 +66,13 @@ import io
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from schemas import Coding, Quantity, RecordEntry, Reference, ReferenceRole
+from schemas import Coding, Lifecycle, Quantity, RecordEntry, Reference, ReferenceRole
 from schemas.common import CodeSystem
 from stam.errors import SourceError
 from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult
@@ -107,6 +115,9 @@ _PHARMACY_STATUS = {
     "H": "on-hold",
 }
 _ICU_STATUS = {"Stopped": "stopped", "Paused": "on-hold", "Rewritten": "entered-in-error"}
+SAME_ACT = timedelta(hours=1)
+"""A pharmacy stop this long or less before the POE order that discontinued the order is the same discontinuation,
+recorded by the pharmacy first; one earlier than that is the order's own end, and the POE order comes later."""
 
 Row = dict[str, str]
 
@@ -150,7 +161,8 @@ def _table_path(root: Path, table: str) -> Path | None:
     return None
 
 
-def _read(root: Path, table: str, subjects: set[str] | None) -> Iterator[Row]:
+def iter_table(root: Path, table: str, subjects: set[str] | None) -> Iterator[Row]:
+    """The rows of one MIMIC-IV table (gzip or plain CSV, hosp/ or icu/), of ``subjects`` only when given."""
     path = _table_path(root, table)
     if path is None:
         return
@@ -161,7 +173,8 @@ def _read(root: Path, table: str, subjects: set[str] | None) -> Iterator[Row]:
                 yield row
 
 
-def _time(value: str | None, column: str) -> datetime | None:
+def parse_mimic_time(value: str | None, column: str = "time") -> datetime | None:
+    """A MIMIC time (no zone: read as UTC); None when empty; a SourceError naming ``column`` when unreadable."""
     if not value:
         return None
     try:
@@ -208,19 +221,19 @@ class _Lookups:
 
 def _load_lookups(root: Path, subjects: set[str] | None) -> _Lookups:
     lk = _Lookups()
-    for r in _read(root, "d_icd_diagnoses", None):
+    for r in iter_table(root, "d_icd_diagnoses", None):
         lk.icd_dx[(r["icd_code"].strip(), r["icd_version"])] = r["long_title"]
-    for r in _read(root, "d_icd_procedures", None):
+    for r in iter_table(root, "d_icd_procedures", None):
         lk.icd_proc[(r["icd_code"].strip(), r["icd_version"])] = r["long_title"]
-    lk.labitems = {r["itemid"]: r for r in _read(root, "d_labitems", None)}
-    lk.items = {r["itemid"]: r for r in _read(root, "d_items", None)}
-    for r in _read(root, "poe_detail", subjects):
+    lk.labitems = {r["itemid"]: r for r in iter_table(root, "d_labitems", None)}
+    lk.items = {r["itemid"]: r for r in iter_table(root, "d_items", None)}
+    for r in iter_table(root, "poe_detail", subjects):
         lk.poe_detail.setdefault(r["poe_id"], []).append((r["field_name"], r["field_value"]))
-    for r in _read(root, "emar_detail", subjects):
+    for r in iter_table(root, "emar_detail", subjects):
         # The first detail row with a given dose describes the administration (later rows are products).
         if r.get("dose_given") and r["emar_id"] not in lk.emar_dose:
             lk.emar_dose[r["emar_id"]] = f"{r['dose_given']} {r.get('dose_given_unit') or ''}".strip()
-    for r in _read(root, "patients", subjects):
+    for r in iter_table(root, "patients", subjects):
         if r.get("dod"):
             lk.dod[r["subject_id"]] = r["dod"]
     return lk
@@ -266,13 +279,14 @@ class _Builder:
 
     # --- emit ------------------------------------------------------------------------------------------
 
-    def emit(self, table: str, key: str, when: datetime | None, **fields: Any) -> None:
+    def emit(self, table: str, key: str, when: datetime | None, *, last: bool = False, **fields: Any) -> None:
+        """One entry at clinical time ``when``; ``last``: after every other entry of the same time (a discharge)."""
         entry = RecordEntry(patient_id=self.subject, entry_id=f"{SOURCE}:{table}:{key}", source=SOURCE,
                             **fields)
         sort_time = when or entry.effective_at or entry.recorded_at
         if sort_time is None:
             raise SourceError(f"{table} row {key} has no time")
-        self.out.append((sort_time, TABLES.index(table), self._seq, entry))
+        self.out.append((sort_time, len(TABLES) if last else TABLES.index(table), self._seq, entry))
         self._seq += 1
         self.result.tables[table].entries += 1
 
@@ -301,46 +315,62 @@ class _Builder:
     # --- encounters ------------------------------------------------------------------------------------
 
     def _admissions(self, r: Row) -> None:
-        start, end = _time(r["admittime"], "admittime"), _time(r.get("dischtime"), "dischtime")
+        """Two entries: the admission at admittime (in progress), and its discharge at dischtime (finished), which
+        ends every fact of the admission that ends with it (``stam.lifecycle``)."""
+        start, end = parse_mimic_time(r["admittime"], "admittime"), parse_mimic_time(r.get("dischtime"), "dischtime")
+        ref = f"Encounter/{r['hadm_id']}"
+        attributes = {"hadm_id": r["hadm_id"], "admission_type": r.get("admission_type")}
         display = (f"Hospital admission ({r.get('admission_type') or 'unknown type'}; from "
-                   f"{r.get('admission_location') or 'unknown'}; discharged to {r.get('discharge_location') or 'n/a'})")
-        self.emit("admissions", r["hadm_id"], start, source_ref=f"Encounter/{r['hadm_id']}",
-                  resource_type="Encounter", effective_at=start, effective_end=end, recorded_at=start,
-                  status="finished" if end else "in-progress",
+                   f"{r.get('admission_location') or 'unknown'})")
+        self.emit("admissions", r["hadm_id"], start, source_ref=ref, encounter=ref, resource_type="Encounter",
+                  effective_at=start, recorded_at=start, status="in-progress",
                   codes=(Coding(system=SYS_ENCOUNTER, code="hospital-admission", display=display),),
-                  attributes={"hadm_id": r["hadm_id"], "admission_type": r.get("admission_type")})
+                  attributes=attributes)
+        if end is None:
+            return
+        if start is not None and end < start:
+            raise SourceError(f"dischtime {r.get('dischtime')} is before admittime {r['admittime']}")
+        discharged = f"{display[:-1]}; discharged to {r.get('discharge_location') or 'n/a'})"
+        self.emit("admissions", f"{r['hadm_id']}:discharge", end, last=True, source_ref=ref, encounter=ref,
+                  resource_type="Encounter", effective_at=start, effective_end=end, recorded_at=end,
+                  status="finished",
+                  codes=(Coding(system=SYS_ENCOUNTER, code="hospital-admission", display=discharged),),
+                  attributes={**attributes, "discharge_location": r.get("discharge_location") or None})
 
     def _death(self) -> None:
         deaths = [(r["deathtime"], r["hadm_id"]) for r in self.rows.get("admissions", []) if r.get("deathtime")]
         when_s, key = deaths[0] if deaths else (self.lk.dod.get(self.subject), f"{self.subject}:dod")
         if not when_s:
             return
-        when = _time(when_s, "deathtime")
+        when = parse_mimic_time(when_s, "deathtime")
         self.emit("admissions", f"{key}:death", when, source_ref=f"Observation/death-{self.subject}",
                   resource_type="Observation", effective_at=when, recorded_at=when, status="final",
                   codes=(Coding(system=CodeSystem.SNOMED.value, code="419620001", display="Death"),),
                   value=Quantity(text="deceased"))
 
     def _transfers(self, r: Row) -> None:
-        start, end = _time(r["intime"], "intime"), _time(r.get("outtime"), "outtime")
+        start, end = parse_mimic_time(r["intime"], "intime"), parse_mimic_time(r.get("outtime"), "outtime")
         unit = r.get("careunit") or ("discharged" if r["eventtype"] == "discharge" else "unknown unit")
         self.emit("transfers", r["transfer_id"], start, source_ref=f"Encounter/transfer-{r['transfer_id']}",
+                  encounter=self._encounter(r.get("hadm_id")), lifecycle=Lifecycle.INTERVAL,
                   resource_type="Encounter", effective_at=start, effective_end=end, recorded_at=start,
                   codes=(Coding(system=SYS_ENCOUNTER, code="care-unit", display="Care unit"),),
                   value=Quantity(text=unit), attributes={"hadm_id": r.get("hadm_id"), "eventtype": r["eventtype"]})
 
     def _services(self, r: Row) -> None:
-        when = _time(r["transfertime"], "transfertime")
+        when = parse_mimic_time(r["transfertime"], "transfertime")
         self.emit("services", f"{r['hadm_id']}:{r['transfertime']}", when,
                   source_ref=f"Encounter/service-{r['hadm_id']}-{r['curr_service']}", resource_type="Encounter",
+                  encounter=self._encounter(r.get("hadm_id")),
                   effective_at=when, recorded_at=when,
                   codes=(Coding(system=SYS_ENCOUNTER, code="hospital-service", display="Hospital service"),),
                   value=Quantity(text=r["curr_service"]),
                   attributes={"hadm_id": r.get("hadm_id"), "prev_service": r.get("prev_service") or None})
 
     def _icustays(self, r: Row) -> None:
-        start, end = _time(r["intime"], "intime"), _time(r.get("outtime"), "outtime")
+        start, end = parse_mimic_time(r["intime"], "intime"), parse_mimic_time(r.get("outtime"), "outtime")
         self.emit("icustays", r["stay_id"], start, source_ref=f"Encounter/icu-{r['stay_id']}",
+                  encounter=self._encounter(r.get("hadm_id")), lifecycle=Lifecycle.INTERVAL,
                   resource_type="Encounter", effective_at=start, effective_end=end, recorded_at=start,
                   status="finished" if end else "in-progress",
                   codes=(Coding(system=SYS_ENCOUNTER, code="icu-stay",
@@ -348,13 +378,17 @@ class _Builder:
                   value=Quantity(value=_num(r.get("los")), unit="d"),
                   attributes={"hadm_id": r.get("hadm_id"), "last_careunit": r.get("last_careunit")})
 
+    def _encounter(self, hadm_id: str | None) -> str | None:
+        """The admission a row belongs to, as the admission's own reference (rows without one: None)."""
+        return f"Encounter/{hadm_id}" if hadm_id else None
+
     # --- diagnoses and procedures ----------------------------------------------------------------------
 
     def _admission_times(self, hadm_id: str) -> tuple[datetime | None, datetime | None]:
         adm = self.admissions.get(hadm_id)
         if adm is None:
             raise SourceError(f"hadm_id {hadm_id} is not in admissions")
-        return _time(adm["admittime"], "admittime"), _time(adm.get("dischtime"), "dischtime")
+        return parse_mimic_time(adm["admittime"], "admittime"), parse_mimic_time(adm.get("dischtime"), "dischtime")
 
     def _diagnoses_icd(self, r: Row) -> None:
         code, version = r["icd_code"].strip(), r["icd_version"]
@@ -364,6 +398,7 @@ class _Builder:
         start, discharged = self._admission_times(r["hadm_id"])
         self.emit("diagnoses_icd", f"{r['hadm_id']}:{r['seq_num']}", start,
                   source_ref=f"Condition/{r['hadm_id']}-{r['seq_num']}", resource_type="Condition",
+                  encounter=self._encounter(r["hadm_id"]),
                   effective_at=start, recorded_at=discharged or start, status="active",
                   codes=(Coding(system=system, code=code, display=self.lk.icd_dx.get((code, version))),),
                   attributes={"hadm_id": r["hadm_id"], "seq_num": int(r["seq_num"])})
@@ -373,17 +408,19 @@ class _Builder:
         system = {"9": SYS_ICD9_PROC, "10": SYS_ICD10_PCS}.get(version)
         if system is None:
             raise SourceError(f"icd_version {version!r} is neither 9 nor 10")
-        when = _time(r["chartdate"], "chartdate")
+        when = parse_mimic_time(r["chartdate"], "chartdate")
         self.emit("procedures_icd", f"{r['hadm_id']}:{r['seq_num']}", when,
                   source_ref=f"Procedure/{r['hadm_id']}-{r['seq_num']}", resource_type="Procedure",
+                  encounter=self._encounter(r["hadm_id"]),
                   effective_at=when, recorded_at=when, status="completed",
                   codes=(Coding(system=system, code=code, display=self.lk.icd_proc.get((code, version))),),
                   attributes={"hadm_id": r["hadm_id"]})
 
     def _hcpcsevents(self, r: Row) -> None:
-        when = _time(r["chartdate"], "chartdate")
+        when = parse_mimic_time(r["chartdate"], "chartdate")
         self.emit("hcpcsevents", f"{r['hadm_id']}:{r['seq_num']}", when,
                   source_ref=f"Procedure/hcpcs-{r['hadm_id']}-{r['seq_num']}", resource_type="Procedure",
+                  encounter=self._encounter(r["hadm_id"]),
                   effective_at=when, recorded_at=when, status="completed",
                   codes=(Coding(system=SYS_HCPCS, code=r["hcpcs_cd"].strip(),
                                 display=r.get("short_description") or None),),
@@ -425,7 +462,7 @@ class _Builder:
 
     def _poe(self, r: Row) -> None:
         poe_id, tx = r["poe_id"], r["transaction_type"]
-        when = _time(r["ordertime"], "ordertime")
+        when = parse_mimic_time(r["ordertime"], "ordertime")
         rtype = "MedicationRequest" if r["order_type"] == "Medications" else "ServiceRequest"
         target = r.get("discontinue_of_poe_id") or None
         attributes: dict[str, Any] = {"poe_id": poe_id, "transaction_type": tx, "order_type": r["order_type"],
@@ -443,6 +480,7 @@ class _Builder:
             refs.append(Reference(role=ReferenceRole.DISCONTINUES, target=self._order_ref(r["order_type"], target)))
             attributes["discontinue_of_poe_id"] = target
             self.emit("poe", poe_id, when, source_ref=f"{rtype}/poe-{poe_id}", resource_type=rtype,
+                      encounter=self._encounter(r.get("hadm_id")), lifecycle=Lifecycle.ENCOUNTER,
                       effective_at=when, recorded_at=when, status="stopped", codes=codes,
                       references=tuple(refs), attributes=attributes)
             return
@@ -456,13 +494,15 @@ class _Builder:
             attributes["discontinue_of_poe_id"] = target
         status = "on-hold" if tx == "H" else "active"
         self.emit("poe", poe_id, when, source_ref=f"{rtype}/poe-{poe_id}", resource_type=rtype,
+                  encounter=self._encounter(r.get("hadm_id")), lifecycle=Lifecycle.ENCOUNTER,
                   effective_at=when, recorded_at=when, status=status, codes=codes, references=tuple(refs),
                   attributes=attributes)
 
     def _pharmacy(self, r: Row) -> None:
         pid, poe_id = r["pharmacy_id"], r.get("poe_id") or None
-        start = _time(r.get("starttime") or r.get("entertime"), "starttime")
-        stop = _time(r.get("stoptime"), "stoptime")
+        enc = self._encounter(r.get("hadm_id"))
+        start = parse_mimic_time(r.get("starttime") or r.get("entertime"), "starttime")
+        stop = parse_mimic_time(r.get("stoptime"), "stoptime")
         rx = self.rx_by_pharmacy.get(pid, [])
         self.result.tables["prescriptions"].folded += len(rx)
         drugs = self._drug_codings(rx, r.get("medication"))
@@ -488,34 +528,36 @@ class _Builder:
         if start is None:
             raise SourceError(f"pharmacy row {pid} has neither starttime nor entertime")
         ended_by = self.ended_by.get(poe_id or "")
-        if ended_by and "poe" in self.chosen:
+        entered = parse_mimic_time(r.get("entertime"), "entertime") or start
+        common: dict[str, Any] = {"source_ref": source_ref, "resource_type": "MedicationRequest", "encounter": enc,
+                                  "lifecycle": Lifecycle.INTERVAL, "codes": codes, "dosage": dosage,
+                                  "attributes": attributes}
+        by_time = parse_mimic_time(self.poe[ended_by]["ordertime"], "ordertime") if ended_by else None
+        if ended_by and by_time is not None and "poe" in self.chosen and (stop is None or stop > by_time - SAME_ACT):
             attributes["stopped_by_poe_id"] = ended_by
-            if _time(self.poe[ended_by]["ordertime"], "ordertime") <= start:  # type: ignore[operator]
+            if by_time <= start:
                 # Discontinued before the pharmacy's start time: the order never became current.
-                self.emit("pharmacy", f"{pid}", start, source_ref=source_ref, resource_type="MedicationRequest",
-                          effective_at=start, recorded_at=_time(r.get("entertime"), "entertime") or start,
-                          status=final or "stopped", codes=codes, dosage=dosage, attributes=attributes)
+                self.emit("pharmacy", f"{pid}", start, effective_at=start, recorded_at=entered,
+                          status=final or "stopped", **common)
                 return
-            # The POE order that discontinued this one (a 'Change' or a 'D/C') is the stop: it supersedes or
-            # ends the order with an explicit link. A second, pharmacy-timed stop would end the order before
-            # the change that caused it, unlinked.
+            # The POE order that discontinued this one (a 'Change' or a 'D/C') is the stop: it supersedes or ends the
+            # order with an explicit link. Its pharmacy stop, within an hour before it, is the same act recorded by
+            # the pharmacy: a second, pharmacy-timed stop would end the order before the change that caused it.
             self.result.tables["pharmacy"].folded += 1
-            self.emit("pharmacy", f"{pid}:start", start, source_ref=source_ref, resource_type="MedicationRequest",
-                      effective_at=start, recorded_at=_time(r.get("entertime"), "entertime") or start,
-                      status="active", codes=codes, dosage=dosage, attributes=attributes)
+            self.emit("pharmacy", f"{pid}:start", start, effective_at=start, recorded_at=entered, status="active",
+                      **common)
             return
         if stop is None or final is None:
-            self.emit("pharmacy", f"{pid}", start, source_ref=source_ref, resource_type="MedicationRequest",
-                      effective_at=start, recorded_at=_time(r.get("entertime"), "entertime") or start,
-                      status=final or "active", codes=codes, dosage=dosage, attributes=attributes)
+            # No final status: current until its stop time, when it has one (an interval), else until its admission
+            # ends.
+            open_end = stop if stop is not None and final is None and stop > start else None
+            self.emit("pharmacy", f"{pid}", start, effective_at=start, effective_end=open_end, recorded_at=entered,
+                      status=final or "active", **common)
             return
         stop = max(stop, start)
-        self.emit("pharmacy", f"{pid}:start", start, source_ref=source_ref, resource_type="MedicationRequest",
-                  effective_at=start, recorded_at=_time(r.get("entertime"), "entertime") or start, status="active",
-                  codes=codes, dosage=dosage, attributes=attributes)
-        self.emit("pharmacy", f"{pid}:stop", stop, source_ref=source_ref, resource_type="MedicationRequest",
-                  effective_at=start, effective_end=stop, recorded_at=stop, status=final, codes=codes,
-                  dosage=dosage, attributes=attributes)
+        self.emit("pharmacy", f"{pid}:start", start, effective_at=start, recorded_at=entered, status="active", **common)
+        self.emit("pharmacy", f"{pid}:stop", stop, effective_at=start, effective_end=stop, recorded_at=stop,
+                  status=final, **common)
 
     @staticmethod
     def _dosage(rx: Row | None, ph: Row | None) -> str | None:
@@ -533,17 +575,18 @@ class _Builder:
         # Folded into the pharmacy order of the same pharmacy_id (counted there); only orphans are entries.
         if r.get("pharmacy_id") in self.pharmacy_ids:
             return
-        start, stop = _time(r.get("starttime"), "starttime"), _time(r.get("stoptime"), "stoptime")
+        start, stop = parse_mimic_time(r.get("starttime"), "starttime"), parse_mimic_time(r.get("stoptime"), "stoptime")
         drugs = self._drug_codings([r], None)
         key = f"{r.get('pharmacy_id') or 'none'}:{r['drug'].strip().lower()}"
         self.emit("prescriptions", key, start, source_ref=f"MedicationRequest/prescription-{key}",
-                  resource_type="MedicationRequest", effective_at=start,
+                  resource_type="MedicationRequest", encounter=self._encounter(r.get("hadm_id")),
+                  lifecycle=Lifecycle.INTERVAL, effective_at=start,
                   effective_end=stop if stop and start and stop >= start else None, recorded_at=start,
                   status="active", codes=tuple(drugs), dosage=self._dosage(r, None),
                   attributes={"pharmacy_id": r.get("pharmacy_id") or None, "poe_id": r.get("poe_id") or None})
 
     def _emar(self, r: Row) -> None:
-        when = _time(r["charttime"], "charttime")
+        when = parse_mimic_time(r["charttime"], "charttime")
         event = (r.get("event_txt") or "").strip()
         status = ("not-done" if event.startswith(_EMAR_NOT_DONE)
                   else "stopped" if event.startswith("Stopped") else None)
@@ -556,8 +599,8 @@ class _Builder:
         if not med.strip():
             raise SourceError(f"emar row {r['emar_id']} names no medication, nor does its order")
         self.emit("emar", r["emar_id"], when, source_ref=f"MedicationAdministration/{r['emar_id']}",
-                  resource_type="MedicationAdministration", effective_at=when,
-                  recorded_at=_time(r.get("storetime"), "storetime") or when, status=status,
+                  resource_type="MedicationAdministration", encounter=self._encounter(r.get("hadm_id")), effective_at=when,
+                  recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or when, status=status,
                   codes=(Coding(system=SYS_DRUG, code=med.strip().lower(), display=f"{med.strip()} administration"),),
                   dosage=self.lk.emar_dose.get(r["emar_id"]), value=Quantity(text=event or None),
                   attributes={"emar_id": r["emar_id"], "poe_id": r.get("poe_id") or None,
@@ -566,7 +609,7 @@ class _Builder:
     # --- measurements ----------------------------------------------------------------------------------
 
     def _labevents(self, r: Row) -> None:
-        when = _time(r["charttime"], "charttime")
+        when = parse_mimic_time(r["charttime"], "charttime")
         item = self.lk.labitems.get(r["itemid"], {})
         label = item.get("label") or f"lab item {r['itemid']}"
         display = f"{label} ({item['fluid']})" if item.get("fluid") else label
@@ -577,13 +620,13 @@ class _Builder:
                  "flag": r.get("flag") or None, "ref_range_lower": _num(r.get("ref_range_lower")),
                  "ref_range_upper": _num(r.get("ref_range_upper")), "priority": r.get("priority") or None}
         self.emit("labevents", r["labevent_id"], when, source_ref=f"Observation/lab-{r['labevent_id']}",
-                  resource_type="Observation", effective_at=when,
-                  recorded_at=_time(r.get("storetime"), "storetime") or when, status="final",
+                  resource_type="Observation", encounter=self._encounter(r.get("hadm_id")), effective_at=when,
+                  recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or when, status="final",
                   codes=(Coding(system=SYS_LAB, code=r["itemid"], display=display),), value=value,
                   attributes={k: v for k, v in attrs.items() if v is not None})
 
     def _microbiologyevents(self, r: Row) -> None:
-        when = _time(r.get("charttime") or r["chartdate"], "charttime")
+        when = parse_mimic_time(r.get("charttime") or r["chartdate"], "charttime")
         test = r.get("test_name") or "microbiology test"
         spec = r.get("spec_type_desc") or "specimen"
         org = _clean(r.get("org_name"))
@@ -596,12 +639,13 @@ class _Builder:
             value = Quantity(text=org or _clean(r.get("comments")) or "no organism reported")
         self.emit("microbiologyevents", r["microevent_id"], when,
                   source_ref=f"Observation/micro-{r['microevent_id']}", resource_type="Observation",
-                  effective_at=when, recorded_at=_time(r.get("storetime"), "storetime") or when, status="final",
+                  encounter=self._encounter(r.get("hadm_id")),
+                  effective_at=when, recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or when, status="final",
                   codes=(code,), value=value,
                   attributes={"microevent_id": r["microevent_id"], "hadm_id": r.get("hadm_id") or None})
 
     def _omr(self, r: Row) -> None:
-        when = _time(r["chartdate"], "chartdate")
+        when = parse_mimic_time(r["chartdate"], "chartdate")
         name, raw = r["result_name"], r.get("result_value") or ""
         num = _num(raw)
         # omr has no row id: subject_id + chartdate + seq_num + result_name identify the row.
@@ -617,14 +661,15 @@ class _Builder:
         return item.get("label") or f"ICU item {itemid}", item
 
     def _inputevents(self, r: Row, table: str = "inputevents") -> None:
-        start, end = _time(r["starttime"], "starttime"), _time(r.get("endtime"), "endtime")
+        start, end = parse_mimic_time(r["starttime"], "starttime"), parse_mimic_time(r.get("endtime"), "endtime")
         label, _ = self._item(r["itemid"])
         rate = f"rate {r['rate']} {r.get('rateuom') or ''}".strip() if r.get("rate") else None
         key = f"{r['stay_id']}:{r.get('orderid')}:{r['itemid']}:{r['starttime']}"
         self.emit(table, key, start, source_ref=f"MedicationAdministration/{table}-{key}",
-                  resource_type="MedicationAdministration", effective_at=start,
+                  resource_type="MedicationAdministration", encounter=self._encounter(r.get("hadm_id")),
+                  lifecycle=Lifecycle.INTERVAL if end and start and end > start else Lifecycle.EVENT, effective_at=start,
                   effective_end=end if end and start and end >= start else None,
-                  recorded_at=_time(r.get("storetime"), "storetime") or start,
+                  recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or start,
                   status=_ICU_STATUS.get(r.get("statusdescription") or ""),
                   codes=(Coding(system=SYS_ITEMS, code=r["itemid"], display=label),),
                   value=Quantity(value=_num(r.get("amount")), unit=r.get("amountuom") or None), dosage=rate,
@@ -635,34 +680,37 @@ class _Builder:
         self._inputevents(r, "ingredientevents")
 
     def _outputevents(self, r: Row) -> None:
-        when = _time(r["charttime"], "charttime")
+        when = parse_mimic_time(r["charttime"], "charttime")
         label, _ = self._item(r["itemid"])
         key = f"{r['stay_id']}:{r['itemid']}:{r['charttime']}"
         self.emit("outputevents", key, when, source_ref=f"Observation/output-{key}", resource_type="Observation",
-                  effective_at=when, recorded_at=_time(r.get("storetime"), "storetime") or when, status="final",
+                  encounter=self._encounter(r.get("hadm_id")),
+                  effective_at=when, recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or when, status="final",
                   codes=(Coding(system=SYS_ITEMS, code=r["itemid"], display=label),),
                   value=Quantity(value=_num(r.get("value")), unit=r.get("valueuom") or None),
                   attributes={"stay_id": r["stay_id"]})
 
     def _procedureevents(self, r: Row) -> None:
-        start, end = _time(r["starttime"], "starttime"), _time(r.get("endtime"), "endtime")
+        start, end = parse_mimic_time(r["starttime"], "starttime"), parse_mimic_time(r.get("endtime"), "endtime")
         label, _ = self._item(r["itemid"])
         key = f"{r['stay_id']}:{r.get('orderid')}:{r['itemid']}"
         status = _ICU_STATUS.get(r.get("statusdescription") or "", "completed")
         self.emit("procedureevents", key, start, source_ref=f"Procedure/icu-{key}", resource_type="Procedure",
+                  encounter=self._encounter(r.get("hadm_id")),
+                  lifecycle=Lifecycle.INTERVAL if end and start and end > start else Lifecycle.EVENT,
                   effective_at=start, effective_end=end if end and start and end >= start else None,
-                  recorded_at=_time(r.get("storetime"), "storetime") or start, status=status,
+                  recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or start, status=status,
                   codes=(Coding(system=SYS_ITEMS, code=r["itemid"], display=label),),
                   value=Quantity(value=_num(r.get("value")), unit=r.get("valueuom") or None),
                   attributes={"stay_id": r["stay_id"], "orderid": r.get("orderid") or None})
 
     def _datetimeevents(self, r: Row) -> None:
-        when = _time(r["charttime"], "charttime")
+        when = parse_mimic_time(r["charttime"], "charttime")
         label, _ = self._item(r["itemid"])
         key = f"{r['stay_id']}:{r['itemid']}:{r['charttime']}"
         self.emit("datetimeevents", key, when, source_ref=f"Observation/datetime-{key}",
-                  resource_type="Observation", effective_at=when,
-                  recorded_at=_time(r.get("storetime"), "storetime") or when, status="final",
+                  resource_type="Observation", encounter=self._encounter(r.get("hadm_id")), effective_at=when,
+                  recorded_at=parse_mimic_time(r.get("storetime"), "storetime") or when, status="final",
                   codes=(Coding(system=SYS_ITEMS, code=r["itemid"], display=label),),
                   value=Quantity(text=r.get("value") or None), attributes={"stay_id": r["stay_id"]})
 
@@ -694,7 +742,7 @@ def iter_mimic(root: str | Path, *, subjects: Iterable[str | int] | None = None,
     for table in TABLES:
         if table not in needed:
             continue
-        for row in _read(root, table, wanted):
+        for row in iter_table(root, table, wanted):
             subject = row.get("subject_id")
             if not subject:
                 result.tables[table].bad += 1

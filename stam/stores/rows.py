@@ -17,9 +17,9 @@ from schemas import Store, StoredMemory
 
 FIELDS = ("memory_id", "patient_id", "entry_id", "position", "category", "source_ref", "concept", "display", "unit",
           "dosage", "value", "effective_start", "effective_end", "in_history", "evidence_id", "successor_id", "reason",
-          "embed_key")
+          "embed_key", "ended_at")
 """Times are seconds since the epoch (None when absent)."""
-ROW_VERSION = 2
+ROW_VERSION = 3
 TEXT_CHARS = 160
 
 
@@ -32,7 +32,8 @@ def row_of(record: dict[str, Any]) -> list[Any]:
             m.get("unit"), m.get("dosage"), m.get("value"), _epoch(m.get("effective_start")),
             _epoch(m.get("effective_end")),
             record["store"] == Store.HISTORY.value, record.get("evidence_id"), record.get("successor_id"),
-            record.get("reason"), f"c:{m['embed_text']}" if c and m.get("embed_text") else f"m:{m['memory_id']}"]
+            record.get("reason"), f"c:{m['embed_text']}" if c and m.get("embed_text") else f"m:{m['memory_id']}",
+            _epoch(record.get("ended_at"))]
 
 
 def _epoch(value: str | None) -> float | None:

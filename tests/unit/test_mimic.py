@@ -38,6 +38,10 @@ def test_every_row_is_accounted_for(patient: Any) -> None:
     for table, c in counts.items():
         if table == "prescriptions":  # folded into the pharmacy order of the same pharmacy_id
             assert c["entries"] == 0 and c["folded"] == c["rows"] == 18
+        elif table == "admissions":  # the admission and its discharge, and the death when there is one
+            discharged = sum(1 for e in patient.entries if e.entry_id.endswith(":discharge"))
+            deaths = sum(1 for e in patient.entries if e.entry_id.endswith(":death"))
+            assert c["entries"] == c["rows"] + discharged + deaths and discharged == c["rows"]
         elif table == "pharmacy":  # start + stop, or start only when a POE order is the stop
             assert c["entries"] == 2 * c["rows"] - c["folded"] - sum(
                 1 for e in patient.entries if e.entry_id.startswith("mimic-iv:pharmacy:")
@@ -50,7 +54,7 @@ def test_every_row_is_accounted_for(patient: Any) -> None:
 
 def test_entries_are_in_clinical_event_order_and_keep_row_identity(patient: Any) -> None:
     def event_time(e: Any) -> Any:
-        return e.effective_end if e.entry_id.endswith(":stop") else e.effective_at
+        return e.effective_end if e.entry_id.endswith((":stop", ":discharge")) else e.effective_at
 
     times = [event_time(e) for e in patient.entries]
     assert times == sorted(times)

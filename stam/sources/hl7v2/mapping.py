@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from schemas import CodeSystem, Coding, Quantity, RecordEntry, Reference, ReferenceRole
+from schemas import CodeSystem, Coding, Lifecycle, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
 from stam.sources.hl7v2.parsing import _comp, _safe_id, _Seg, parse_dtm
@@ -94,6 +94,7 @@ class _Mapper:
         self.skipped: dict[str, int] = {}
         self.patient_id = ""
         self.visit: str | None = None
+        self.patient_class = ""
         self.encounter_reasons: list[Coding] = []
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -182,6 +183,8 @@ class _Mapper:
         pv2 = next((s for s in self.segs if s.name == "PV2"), None)
         if pv1 is not None and pv1.get(19):
             self.visit = _safe_id(pv1.get(19))
+        if pv1 is not None:
+            self.patient_class = pv1.get(2).upper()
         if pv2 is not None:
             self.encounter_reasons = self.codings(pv2.comps(3))
         self.walk(_SEGMENTS[self.code])
@@ -197,8 +200,8 @@ class _Mapper:
             return _ADT_EVENT_NAMES.get(self.event, "ADT event")
         return {"BAR": "billing account", "DFT": "financial transaction", "ORU": "results", "OUL": "lab results",
                 "ORM": "order", "OML": "lab order", "OMG": "general order", "RDE": "pharmacy order",
-                "RDS": "pharmacy dispense", "PPR": "problem", "MDM": "document", "VXU": "immunization",
-                "REF": "referral", "RRI": "referral response"}.get(self.code, "message")
+                "RDS": "pharmacy dispense", "RAS": "pharmacy administration", "PPR": "problem", "MDM": "document",
+                "VXU": "immunization", "REF": "referral", "RRI": "referral response"}.get(self.code, "message")
 
     def refusal(self) -> str | None:
         """Why a whole message type carries no clinical fact (None: map it)."""
@@ -617,9 +620,11 @@ class _Mapper:
                        attrs=attrs))
 
     def immunization(self, group: _Group, rxa: _Seg) -> None:
+        """RXA: a vaccine given (VXU) or a dose of a medication given (RAS: a MedicationAdministration, an event)."""
+        given = self.code == "RAS"
         codes = self.codings(rxa.comps(5))
         if not codes:
-            self.skip("RXA without a vaccine code (RXA-5)")
+            self.skip(f"RXA without a {'drug' if given else 'vaccine'} code (RXA-5)")
             return
         status = "entered-in-error" if rxa.get(21).upper() == "D" else _RXA_STATUS.get(rxa.get(20).upper(), "completed")
         start, end = self.time(rxa, 3), self.time(rxa, 4)
@@ -635,15 +640,18 @@ class _Mapper:
         dosage = " ".join(p for p in head if p)[:200] or None
         orc = group.orc
         number = self.order_number((orc, 3), (orc, 2))
-        ref = (f"Immunization/{number}" if number
-               else self.fallback_ref("Immunization", codes[0].system, codes[0].code, rxa.get(3)))
+        rtype = "MedicationAdministration" if given else "Immunization"
+        ref = (f"{rtype}/{number}-{_safe_id(rxa.get(2) or '1')}" if number and given else f"{rtype}/{number}" if number
+               else self.fallback_ref(rtype, codes[0].system, codes[0].code, rxa.get(3)))
         attrs: dict[str, Any] = {}
         for key, value in (("lot_number", rxa.get(15)), ("manufacturer", rxa.get(17, 2) or rxa.get(17)),
                            ("information_source", rxa.get(9, 2) if rxa.get(9) == "01" else ""),
                            ("completion_status", rxa.get(20)), ("refusal_reason", rxa.get(18, 2) or rxa.get(18))):
             if value:
                 attrs[key] = value[:64]
-        self.add(_Spec(rxa.pos, "RXA", "Immunization", ref, codes, status, start, end, dosage=dosage, attrs=attrs))
+        if given and orc is not None and self.order_number((orc, 2)):
+            attrs["order_number"] = self.order_number((orc, 2))
+        self.add(_Spec(rxa.pos, "RXA", rtype, ref, codes, status, start, end, dosage=dosage, attrs=attrs))
 
     # -- documents (MDM) -----------------------------------------------------------------------------------
 
@@ -688,6 +696,15 @@ class _Mapper:
                 spec.refs.extend(Reference(role=ReferenceRole.ENCOUNTER_REASON, target=self.concept(c))
                                  for c in self.encounter_reasons)
 
+    def lifecycle(self, spec: _Spec) -> Lifecycle | None:
+        """A pharmacy order of an inpatient visit (PV1-2 I) ends with the stay, or at its own end (TQ1-8) first; other
+        entries keep the default of their resource type."""
+        if spec.resource_type != "MedicationRequest":
+            return None
+        if spec.end is not None:
+            return Lifecycle.INTERVAL
+        return Lifecycle.ENCOUNTER if self.patient_class == "I" else None
+
     def finish(self, spec: _Spec) -> RecordEntry:
         if spec.start is not None and spec.end is not None and spec.end < spec.start:
             raise SourceError(f"{self.mtype} {spec.segment} (segment {spec.pos + 1}): end {spec.end.isoformat()} "
@@ -697,11 +714,13 @@ class _Mapper:
             if ref not in refs:
                 refs.append(ref)
         text = "\n".join(t.strip() for t in spec.text if t.strip()) or None
+        encounter = (spec.source_ref if spec.resource_type == "Encounter"
+                     else f"Encounter/{self.visit}" if self.visit else None)
         entry = RecordEntry(
             patient_id=self.patient_id, entry_id="pending", source=SOURCE, source_ref=spec.source_ref,
             resource_type=spec.resource_type, effective_at=spec.start, effective_end=spec.end,
             recorded_at=self.recorded, status=spec.status, codes=tuple(spec.codes), text=text, value=spec.value,
-            dosage=spec.dosage, references=tuple(refs),
+            dosage=spec.dosage, references=tuple(refs), encounter=encounter, lifecycle=self.lifecycle(spec),
             attributes={**self.base, "hl7_segment": spec.segment, **spec.attrs},
         )
         content = entry.model_dump_json(exclude={"entry_id"})

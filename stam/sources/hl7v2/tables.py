@@ -97,6 +97,7 @@ _SEGMENTS: dict[str, frozenset[str]] = {
     "OMG": frozenset({"OBR", "RXO", "RXE", "DG1", "AL1", "OBX"}),
     "RDE": frozenset({"RXO", "RXE", "AL1", "OBX"}),
     "RDS": frozenset({"RXD", "OBX"}),
+    "RAS": frozenset({"RXA", "OBX"}),
     "PPR": frozenset({"PRB", "AL1", "OBX"}),
     "MDM": frozenset({"OBR", "TXA", "OBX"}),
     "VXU": frozenset({"RXA", "AL1", "OBX"}),
