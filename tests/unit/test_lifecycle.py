@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import hl7_visit
 from schemas import (
     LIFECYCLE_BY_CATEGORY,
     LIFECYCLE_BY_RESOURCE,
@@ -22,7 +23,6 @@ from schemas import (
 from stam.reasoning.coded import RESOURCE_CATEGORY
 from stam.reasoning.prompts import EndReason
 from stam.sources.hl7v2 import parse_message
-from tests import hl7_visit
 
 DISCHARGED = datetime(2030, 1, 9, 11, 30, tzinfo=UTC)
 
