@@ -265,15 +265,13 @@ def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
                                workdir=Path(args.replay) if args.replay else Path(work), embedder=Embedder(),
                                progress=progress, keep=bool(args.replay))
             gold = lifecycle.mimic_gold(root, subjects)
-            discharges = lifecycle.mimic_discharges(root, subjects)
         else:
             run, raws = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(work), patients=subjects,
                                        embedder=Embedder(), progress=progress)
-            gold, discharges = lifecycle.synthea_gold(raws), {}
+            gold = lifecycle.synthea_gold(raws)
         run.close()
         bar.close()
-        report = lifecycle.evaluate(gold, dict(run.events), samples=args.samples, seed=args.seed,
-                                    discharges=discharges)
+        report = lifecycle.evaluate(gold, dict(run.events), samples=args.samples, seed=args.seed)
     out = {"eval": "lifecycle", "source": args.source, "subjects": subjects,
            "entries": sum(len(v) for v in run.entries.values()), "replay_seconds": round(run.seconds, 1), **report}
     rows = [{"at": name, **{k: out[name][k] for k in ("times", "precision", "recall", "active_units", "gold_units",

@@ -51,6 +51,8 @@ class Gold:
     latest_only: dict[str, dict[str, bool]] = field(default_factory=lambda: defaultdict(dict))
     """Units whose stop time the source does not give: at the latest time, whether they are active."""
     stays: dict[str, list[Interval]] = field(default_factory=lambda: defaultdict(list))
+    ends_with: dict[str, dict[str, datetime]] = field(default_factory=lambda: defaultdict(dict))
+    """Per patient, each unit's admission's discharge, from the rows (not from STAM's memories)."""
 
     def at(self, pid: str, t: datetime) -> set[str]:
         return {u for u, spans in self.active.get(pid, {}).items()
@@ -101,8 +103,9 @@ def mimic_gold(root: Path, subjects: Iterable[str] | None = None) -> Gold:
                 pharmacy_start[r["poe_id"]] = min(start, pharmacy_start.get(r["poe_id"], start))
             continue
         if start is not None:
-            gold.active[r["subject_id"]][f"MedicationRequest/pharmacy-{r['pharmacy_id']}"] = [
-                (start, _min_end(stop, discharge.get(r.get("hadm_id") or "")))]
+            unit = f"MedicationRequest/pharmacy-{r['pharmacy_id']}"
+            gold.active[r["subject_id"]][unit] = [(start, _min_end(stop, discharge.get(r.get("hadm_id") or "")))]
+            _stay(gold, r, unit, discharge)
     for r in poe.values():
         if r["transaction_type"] == "D/C":
             continue
@@ -112,7 +115,9 @@ def mimic_gold(root: Path, subjects: Iterable[str] | None = None) -> Gold:
         start = min(start, pharmacy_start.get(r["poe_id"], start))
         rtype = "MedicationRequest" if r["order_type"] == "Medications" else "ServiceRequest"
         end = _min_end(discharge.get(r.get("hadm_id") or ""), ended_at.get(r["poe_id"]), pharmacy_stop.get(r["poe_id"]))
-        gold.active[r["subject_id"]][f"{rtype}/poe-{r['poe_id']}"] = [(start, end)] if end is None or end > start else []
+        unit = f"{rtype}/poe-{r['poe_id']}"
+        gold.active[r["subject_id"]][unit] = [(start, end)] if end is None or end > start else []
+        _stay(gold, r, unit, discharge)
     for r in iter_table(root, "prescriptions", wanted):
         if r.get("pharmacy_id") in pharmacy_ids:
             continue
@@ -120,10 +125,14 @@ def mimic_gold(root: Path, subjects: Iterable[str] | None = None) -> Gold:
         if start is None:
             continue
         key = f"{r.get('pharmacy_id') or 'none'}:{r['drug'].strip().lower()}"
-        gold.active[r["subject_id"]][f"MedicationRequest/prescription-{key}"] = [
+        unit = f"MedicationRequest/prescription-{key}"
+        gold.active[r["subject_id"]][unit] = [
             (start, _min_end(stop if stop and stop >= start else None, discharge.get(r.get("hadm_id") or "")))]
+        _stay(gold, r, unit, discharge)
     for r in iter_table(root, "emar", wanted):
-        gold.active[r["subject_id"]][f"MedicationAdministration/{r['emar_id']}"] = []
+        unit = f"MedicationAdministration/{r['emar_id']}"
+        gold.active[r["subject_id"]][unit] = []
+        _stay(gold, r, unit, discharge)
     for table in ("inputevents", "ingredientevents"):
         for r in iter_table(root, table, wanted):
             start, end = parse_mimic_time(r["starttime"]), parse_mimic_time(r.get("endtime"))
@@ -131,8 +140,16 @@ def mimic_gold(root: Path, subjects: Iterable[str] | None = None) -> Gold:
             spans: list[Interval] = []
             if start is not None and end is not None and end > start:
                 spans = [(start, _min_end(end, discharge.get(r.get("hadm_id") or "")))]
-            gold.active[r["subject_id"]][f"MedicationAdministration/{table}-{key}"] = spans
+            unit = f"MedicationAdministration/{table}-{key}"
+            gold.active[r["subject_id"]][unit] = spans
+            _stay(gold, r, unit, discharge)
     return gold
+
+
+def _stay(gold: Gold, row: dict[str, str], unit: str, discharge: dict[str, datetime | None]) -> None:
+    end = discharge.get(row.get("hadm_id") or "")
+    if end is not None:
+        gold.ends_with[row["subject_id"]][unit] = end
 
 
 def synthea_gold(bundles: Iterable[dict[str, Any]]) -> Gold:
@@ -170,15 +187,11 @@ class PatientLog:
 
     pid: str
     timeline: Timeline
-    encounter: tuple[str | None, ...]
 
     @classmethod
     def of(cls, pid: str, events: Sequence[TransitionEvent]) -> PatientLog:
         state = replay(pid, events)
-        stored = list(state.memories.values())
-        tl = Timeline.from_stored(pid, state.version, stored)
-        by_id = {s.memory.memory_id: s.memory.encounter_id for s in stored}
-        return cls(pid, tl, tuple(by_id[i] for i in tl.ids))
+        return cls(pid, Timeline.from_stored(pid, state.version, state.memories.values()))
 
     def active_units(self, t: datetime) -> tuple[set[str], list[int]]:
         """Source resources of the ACTIVE medication and order memories at ``t``, and those memories' indexes."""
@@ -226,15 +239,15 @@ class Tally:
                 "active_from_ended_admission": self.from_ended_stay, "examples": self.examples[:8]}
 
 
-def evaluate(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples: int = 20, seed: int = 0,
-             discharges: dict[str, datetime] | None = None) -> dict[str, Any]:
+def evaluate(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples: int = 20, seed: int = 0) -> dict[
+        str, Any]:
     """Precision and recall of ACTIVE orders and medications at each patient's latest time and at ``samples``
-    sampled times (see the module's notes). ``discharges``: encounter id -> its end, to count ACTIVE memories of an
-    admission that had ended by then."""
+    sampled times (see the module's notes), and the ACTIVE memories whose admission (by the rows) was discharged by
+    then."""
     rng = random.Random(seed)
     latest, sampled = Tally(), Tally()
-    ended = discharges or {}
     for pid in sorted(events):
+        ended = gold.ends_with.get(pid, {})
         log = PatientLog.of(pid, events[pid])
         received = set(log.timeline.source)
         known = gold.known(pid) & received  # units the loader published (a table left out, a row it could not read)
@@ -253,7 +266,7 @@ def evaluate(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples: i
             else:
                 stam -= set(gold.latest_only.get(pid, {}))  # no stop time in the source: not judged in between
             tally.add(stam, truth)
-            stale = [i for i in rows if log.encounter[i] in ended and ended[log.encounter[i] or ""] <= t]
+            stale = [i for i in rows if (u := log.timeline.source[i] or "") in ended and ended[u] <= t]
             tally.from_ended_stay += len(stale)
             for u in sorted((stam - truth) | (truth - stam))[: 1 if len(tally.examples) < 8 else 0]:
                 tally.examples.append({"patient": pid, "at": t.isoformat(), "unit": u,
@@ -263,11 +276,3 @@ def evaluate(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples: i
             "sampled": sampled.report()}
 
 
-def mimic_discharges(root: Path, subjects: Iterable[str] | None = None) -> dict[str, datetime]:
-    wanted = {str(s) for s in subjects} if subjects is not None else None
-    out: dict[str, datetime] = {}
-    for r in iter_table(root, "admissions", wanted):
-        end = parse_mimic_time(r.get("dischtime"))
-        if end is not None:
-            out[f"Encounter/{r['hadm_id']}"] = end
-    return out

@@ -124,3 +124,20 @@ def test_point_in_time_sees_the_orders_current_during_the_stay_and_over_after_it
         active = {m for m, s in replayed.memories.items() if s.store is Store.ACTIVE}
         assert active == {timeline.ids[i] for i in range(len(timeline)) if view.present[i] and not view.history[i]}
         assert (diet in active) is current, at
+
+
+def test_stam_eval_lifecycle_gold_from_the_rows_and_this_patients_active_orders(state: Any) -> None:
+    from stam.eval.lifecycle import evaluate, mimic_gold
+
+    gold = mimic_gold(MIMIC, [PATIENT])
+    # Read by hand: the last diet order ran from its order time to the discharge; the ferric gluconate order ended
+    # with the D/C 10019917-60; a dose given is never active.
+    (diet,) = gold.active[PATIENT]["ServiceRequest/poe-10019917-52"]
+    assert diet[1] == DISCHARGE and diet[0] < DISCHARGE
+    (ferric,) = gold.active[PATIENT]["MedicationRequest/poe-10019917-33"]
+    assert ferric[1] is not None and ferric[1] < DISCHARGE
+    assert any(u.startswith("MedicationAdministration/") and not spans for u, spans in gold.active[PATIENT].items())
+    report = evaluate(gold, {PATIENT: LOG}, samples=20, seed=0)
+    assert report["latest"]["active_units"] == report["latest"]["gold_units"] == 0
+    assert report["latest"]["active_from_ended_admission"] == report["sampled"]["active_from_ended_admission"] == 0
+    assert report["sampled"]["precision"] >= 0.95 and report["sampled"]["recall"] >= 0.95, report["sampled"]
