@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from stam.cli.common import load_settings, query_service, stack_env
@@ -19,15 +20,20 @@ from stam.config import Settings
 DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
 DEMO_NOTES_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"
 DEMO_NOTES = ("00d2ed9f-74f9-2ca0-1b88-e711d800c300", "3e587458-87ac-4859-9517-a2a4e8a1145c")
+DEFAULT_MIMIC = "../shared/data/mimic-iv-demo-2.2"
+DEMO_ADMISSION = "10019917"
+"""A MIMIC-IV demo patient with one admission (2182-01-07 to 2182-01-10): a diet order changed five times, a
+medication order discontinued, 16 doses given; its discharge ends what is left of the stay."""
+DEMO_TABLES = ("admissions", "poe", "pharmacy", "emar")
 
 
-def _demo_stack() -> tuple[Path, bool, Settings]:
+def _demo_stack(steps: int) -> tuple[Path, bool, Settings]:
     """Start (or join) the embedded stack of the demo home with its topics; whether this call started it."""
     from stam import stack
     from topology.admin import ensure_topics
 
     home = Settings().home
-    print("1/6 starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
+    print(f"1/{steps} starting the embedded stack (Tansu broker, Redis, Milvus Lite) ...")
     started_stack = stack.running_stack(home) is None
     stack.up(home)
     settings = load_settings()
@@ -63,9 +69,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"bundle {bundle} not found (the shared data folder is expected at ../shared/data)",
               file=sys.stderr)
         return 1
-    home, started_stack, settings = _demo_stack()
+    home, started_stack, settings = _demo_stack(7)
     print(f"    broker {settings.broker_url}  redis {settings.redis_url}  milvus {settings.milvus_uri}")
-    print("2/6 starting the write-path worker (extract -> link -> impact -> update) ...")
+    print("2/7 starting the write-path worker (extract -> link -> impact -> update) ...")
     log = open(home / "logs" / "worker.log", "ab")  # noqa: SIM115 - lives as long as the worker
     worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                               env=stack_env(settings), stdout=log, stderr=subprocess.STDOUT,
@@ -73,7 +79,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         result = load_bundle(bundle)
         patient = result.patient_id or "?"
-        print(f"3/6 publishing {len(result.entries)} entries of one Synthea patient "
+        print(f"3/7 publishing {len(result.entries)} entries of one Synthea patient "
               f"({sum(result.skipped.values())} non-clinical resources skipped) ...")
         from stam.publish import Publisher, PublishSummary
 
@@ -85,7 +91,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         summary = asyncio.run(publish())
         print(f"    sent {summary.sent} entries")
-        print("4/6 state transitions as they happen (new -> ACTIVE additions not shown):")
+        print("4/7 state transitions as they happen (new -> ACTIVE additions not shown):")
         started = time.monotonic()
         counts = asyncio.run(_consume_transitions(
             settings, until_entries={e.entry_id for e in result.entries}, timeout=args.timeout, show=True))
@@ -95,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if worker.poll() is not None:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
-        print("5/6 the patient's memory now:\n")
+        print("5/7 the patient's memory now:\n")
         from stam.compose import redis_client
         from stam.export import render_text
         from stam.stores.redis_state import RedisStateStore
@@ -107,7 +113,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         service = query_service(settings)
         for question in ("What is the patient's body height?", "How has the body height changed over time?"):
-            print(f"\n6/6 ask: {question!r}")
+            print(f"\n6/7 ask: {question!r}")
             answer = asyncio.run(service.answer(QueryRequest(request_id="demo", patient_id=patient,
                                                              question=question, k_active=3, k_history=3)))
             if answer.packet is None:
@@ -117,6 +123,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"    gate: {'ACTIVE+HISTORY' if g.serve_history else 'ACTIVE only'} ({g.reason}); "
                   f"{answer.packet.tokens} tokens; {answer.latency_ms:.0f} ms")
             print("    " + answer.packet.rendered.replace("\n", "\n    "))
+        if not _demo_admission(settings, Path(args.mimic), args.timeout):
+            return 1
         again = "" if not started_stack or args.keep else f"STAM_HOME={home} .venv/bin/stam stack up && "
         print(f"\nAsk more (the record is kept in {home}): {again}STAM_HOME={home} .venv/bin/stam ask "
               f"--patient {patient} \"How has the body height changed over time?\" --as-of 1938-06-01")
@@ -126,6 +134,41 @@ def cmd_demo(args: argparse.Namespace) -> int:
         log.close()
         if started_stack and not args.keep:
             stack.down(home)
+
+
+def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
+    """Step 7: one MIMIC-IV admission through the same worker; its discharge ends the stay's orders (the lifecycle)."""
+    from stam.publish import Publisher, PublishSummary
+    from stam.sources.mimic import is_mimic_root, load_mimic
+
+    if not is_mimic_root(root):
+        print(f"\n7/7 skipped: no MIMIC-IV demo at {root}")
+        return True
+    result = load_mimic(root, subjects=[DEMO_ADMISSION], tables=DEMO_TABLES)
+    discharges = {e.entry_id for e in result.entries if e.entry_id.endswith(":discharge")}
+    print(f"\n7/7 one MIMIC-IV admission of patient {DEMO_ADMISSION}: {len(result.entries)} entries (the admission, "
+          "its orders, their pharmacy versions, the doses given). Nothing in them says the orders still open at the "
+          "end stopped; the discharge does:")
+
+    async def publish() -> None:
+        async with Publisher(settings) as pub:
+            await pub.send_entries(result.entries, PublishSummary())
+
+    asyncio.run(publish())
+    counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
+                                              timeout=timeout, show=False, show_entries=discharges))
+    from stam.compose import redis_client
+    from stam.stores.redis_state import RedisStateStore
+
+    state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(DEMO_ADMISSION)
+    reasons = Counter(m.reason.value for m in state.memories.values() if m.reason is not None)
+    current = sum(1 for m in state.memories.values() if m.store.value == "active" and m.memory.category.value in
+                  ("medication", "order"))
+    print(f"    {counts['entries_done']}/{len(result.entries)} entries applied. Of the patient's orders and doses: "
+          f"{reasons['event']} doses given went straight to HISTORY (events, never current), "
+          f"{reasons['encounter-ended']} facts ended with the stay, {reasons['stopped']} were stopped and "
+          f"{reasons['superseded']} replaced before it; {current} orders or medications are current now")
+    return counts["entries_done"] == len(result.entries)
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
@@ -155,7 +198,7 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         print(f"Synthea bulk folder {bulk} not found (the shared data folder is expected at ../shared/data)",
               file=sys.stderr)
         return 1
-    home, started_stack, settings = _demo_stack()
+    home, started_stack, settings = _demo_stack(6)
     port = _free_port()
     print(f"2/6 serving {args.model} with Ray Serve (llama.cpp on CPU) on port {port} ...")
     logs = home / "logs"
@@ -244,6 +287,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds to wait for the worker to apply every entry (default 300)")
     p.add_argument("--limit", type=int, default=25, help="memories shown per store (default 25)")
     p.add_argument("--keep", action="store_true", help="leave the embedded stack running afterwards")
+    p.add_argument("--mimic", default=DEFAULT_MIMIC, help="the MIMIC-IV demo folder whose admission step 7 streams "
+                   f"(default {DEFAULT_MIMIC}; skipped when absent)")
     p.set_defaults(fn=cmd_demo)
 
     p = sub.add_parser("demo-notes", help="two real Synthea notes decomposed by the local language model",

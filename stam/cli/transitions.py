@@ -13,10 +13,16 @@ from stam.config import Settings
 
 
 def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
+    from schemas.vocabulary import LIFECYCLE_REASONS  # not at import: the parser stays quick to load
+
     what = texts.get(t["memory_id"], t["memory_id"])
     if t["kind"] == "archived":
         succ = texts.get(t.get("successor_id") or "", "")
-        return f"ACTIVE -> HISTORY [{t['reason']}] {what}" + (f"  (successor: {succ})" if succ else "")
+        when = f"  (ended {t['clinical_time'][:16].replace('T', ' ')})" if t["reason"] in LIFECYCLE_REASONS and t.get(
+            "clinical_time") else ""
+        return f"ACTIVE -> HISTORY [{t['reason']}] {what}" + (f"  (successor: {succ})" if succ else "") + when
+    if t["kind"] == "restored":
+        return f"HISTORY -> ACTIVE [what ended it was cancelled] {what}"
     if t["kind"] == "added" and t["to_store"] == "history":
         return f"new -> HISTORY [{t['reason']}] {what}"
     if t["kind"] == "delete_proposed":

@@ -38,8 +38,8 @@ from stam.rebuild import replay
 from stam.sources.mimic import iter_table, parse_mimic_time
 
 Interval = tuple[datetime, datetime | None]
-UNITS = frozenset({Category.MEDICATION.value, Category.ORDER.value})
-"""Memory categories that are orders and medications (the units compared)."""
+UNITS = frozenset({Category.MEDICATION.value, Category.ORDER.value, Category.ENCOUNTER.value})
+"""Memory categories compared: orders and medications, and encounters where the gold has them (Synthea's)."""
 
 
 @dataclass
@@ -217,26 +217,31 @@ def sample_times(stays: Sequence[Interval], first: datetime, last: datetime, n: 
     return sorted(out)
 
 
+def _ratio(n: int, d: int) -> float | None:
+    return round(n / d, 4) if d else None
+
+
 @dataclass
 class Tally:
     checks: int = 0
-    stam: int = 0
-    gold: int = 0
-    both: int = 0
+    counts: dict[str, list[int]] = field(default_factory=lambda: defaultdict(lambda: [0, 0, 0]))
+    """Resource type -> [ACTIVE units, gold units, both]."""
     from_ended_stay: int = 0
     examples: list[dict[str, Any]] = field(default_factory=list)
 
     def add(self, stam: set[str], gold: set[str]) -> None:
         self.checks += 1
-        self.stam += len(stam)
-        self.gold += len(gold)
-        self.both += len(stam & gold)
+        for units, k in ((stam, 0), (gold, 1), (stam & gold, 2)):
+            for u in units:
+                self.counts[u.split("/", 1)[0]][k] += 1
 
     def report(self) -> dict[str, Any]:
-        return {"times": self.checks, "active_units": self.stam, "gold_units": self.gold,
-                "precision": round(self.both / self.stam, 4) if self.stam else None,
-                "recall": round(self.both / self.gold, 4) if self.gold else None,
-                "active_from_ended_admission": self.from_ended_stay, "examples": self.examples[:8]}
+        s, g, b = (sum(c[k] for c in self.counts.values()) for k in range(3))
+        return {"times": self.checks, "active_units": s, "gold_units": g, "precision": _ratio(b, s),
+                "recall": _ratio(b, g), "active_from_ended_admission": self.from_ended_stay,
+                "by_resource": {r: {"active_units": c[0], "gold_units": c[1], "precision": _ratio(c[2], c[0]),
+                                    "recall": _ratio(c[2], c[1])} for r, c in sorted(self.counts.items())},
+                "examples": self.examples[:8]}
 
 
 def evaluate(gold: Gold, events: dict[str, list[TransitionEvent]], *, samples: int = 20, seed: int = 0) -> dict[
