@@ -505,8 +505,9 @@ def _lifecycle(state: PatientState, x: ImpactedEntry, ended_before: dict[str, bo
     for mid, evidence_id in lifecycle.reopened(state, x.memories, ended_before):
         back = state.reinstate(mid)
         changed[mid] = back
+        cancelling = state.memories[evidence_id].memory  # when the cancellation was recorded, else its own time
         emit(TransitionKind.RESTORED, back, Store.HISTORY, None, evidence_id=evidence_id,
-             clinical_time=state.memories[evidence_id].memory.effective_start)
+             clinical_time=cancelling.recorded_at or cancelling.effective_start)
     for ending in lifecycle.endings(state):
         moved = state.archive(ending.memory_id, reason=ending.reason, successor_id=None,
                               evidence_id=ending.evidence_id, entry_id=x.entry.entry_id, at=now,

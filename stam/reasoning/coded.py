@@ -301,7 +301,9 @@ class CodedReasoner:
                                   rationale=f"status {memory.status!r} ends the fact")
 
         t_new = _when(memory)
-        newer = [s for s in same_concept if _when(s.memory) > t_new]
+        # A clinically newer fact of the concept makes this one a late arrival, unless it is an earlier version of
+        # this very resource, which this one replaces whatever the times (archived above).
+        newer = [s for s in same_concept if _when(s.memory) > t_new and s.memory.memory_id not in archives]
         if any(s.store is Store.ACTIVE for s in newer):
             follower = min(newer, key=lambda s: _when(s.memory))
             newest = max(active_same, key=lambda x: _when(x.memory))

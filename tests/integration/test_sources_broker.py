@@ -87,6 +87,41 @@ def test_mimic_patient_through_the_broker_and_stam_state(stack_settings: Any, wo
     assert mems[old["successor_id"]]["source_entry_id"] == "mimic-iv:poe:10019917-27"
 
 
+def test_an_hl7_visit_through_the_broker_ends_with_its_discharge_and_a_cancelled_discharge_reinstates_it(
+        stack_settings: Any, worker: Any, tmp_path: Any) -> None:
+    """A01, a lab order, an inpatient pharmacy order, a dose given, A03, A13, as an integration engine sends them
+    (files in that order: the publisher keeps a patient's order on its partition)."""
+    from benchmarks import hl7_visit
+    from stam.sources.hl7v2 import load_hl7
+
+    for n, make in enumerate(hl7_visit.VISIT_MESSAGES):
+        (tmp_path / f"{n:02d}-{make.__name__}.hl7").write_bytes(make())
+    expected = load_hl7([tmp_path])
+    summary = asyncio.run(publish_paths(stack_settings, [tmp_path]))
+    assert summary.sent == len(expected.entries) == len(hl7_visit.VISIT_MESSAGES) and summary.dead_lettered == 0
+    transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in expected.entries}, timeout=300))
+    entry = {e.entry_id: e for e in expected.entries}
+    by_message = {entry[x["entry_id"]].attributes["hl7_control_id"]: [] for x in transitions if x["entry_id"] in entry}
+    for x in transitions:
+        if x["entry_id"] in entry:
+            by_message[entry[x["entry_id"]].attributes["hl7_control_id"]].append(x)
+    added = {x["memory_id"]: x for xs in by_message.values() for x in xs if x["kind"] == "added"}
+    order = next(x for x in by_message["LC-ORM"] if x["kind"] == "added")["memory_id"]
+    drug = next(x for x in by_message["LC-RDE"] if x["kind"] == "added")["memory_id"]
+    dose = next(x for x in by_message["LC-RAS"] if x["kind"] == "added")
+    assert added[order]["to_store"] == added[drug]["to_store"] == "active"
+    assert dose["to_store"] == "history" and dose["reason"] == "event"
+    record = next(x for x in by_message["LC-A03"] if x["kind"] == "added")
+    assert record["to_store"] == "history" and record["reason"] == "encounter-ended"
+    ended = {x["memory_id"]: x for x in by_message["LC-A03"] if x["kind"] == "archived"}
+    for mid in (order, drug):
+        assert ended[mid]["reason"] == "encounter-ended" and ended[mid]["evidence_id"] == record["memory_id"]
+        assert ended[mid]["clinical_time"].startswith("2030-01-09T11:30:00")
+    restored = {x["memory_id"]: x for x in by_message["LC-A13"] if x["kind"] == "restored"}
+    assert set(restored) == {order, drug}
+    assert all(x["from_store"] == "history" and x["to_store"] == "active" for x in restored.values())
+
+
 def test_all_1215_bulk_notes_become_note_memories_of_their_patient(stack_settings: Any, worker: Any) -> None:
     _need(NOTES)
     from stam.sources.fhir_r4 import parse_time

@@ -110,3 +110,14 @@ def test_memory_ids_are_patient_scoped() -> None:
 
     assert memory_id("p1", "e1", 0) != memory_id("p2", "e1", 0)
     assert memory_id("p1", "e1", 0) == memory_id("p1", "e1", 0)
+
+
+def test_a_new_version_of_a_resource_replaces_it_even_when_its_clinical_time_is_earlier() -> None:
+    """An update of the same resource (an ADT A08 correcting a visit's admit time, a corrected result) is a newer
+    version of it, not a late arrival: it replaces the ACTIVE version whatever the times."""
+    _, current = memory_of(lab("a", "2020-06-01", 6.4))
+    entry, corrected = memory_of(lab("a", "2020-05-30", 6.1))
+    d = R.update(entry, corrected, [cand(current)])
+    assert d.placement is Store.ACTIVE
+    assert [(a.memory_id, a.reason, a.successor_id) for a in d.archive] == [
+        (current.memory_id, Reason.SUPERSEDED, corrected.memory_id)]

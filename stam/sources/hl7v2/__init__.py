@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,8 @@ from stam.sources.fhir_r4 import sort_clinically
 from stam.sources.hl7v2.mapping import _Mapper
 from stam.sources.hl7v2.parsing import _decode, _segments_of, parse_dtm, split_messages
 from stam.sources.hl7v2.tables import NDC, SOURCE
+
+_EPOCH = datetime(1, 1, 1, tzinfo=UTC)
 
 # What the hl7 library and our mapping can raise on malformed input; all of it becomes SourceError.
 _FAULTS: tuple[type[Exception], ...] = (ParseException, ValueError, TypeError, KeyError, IndexError,
@@ -127,8 +130,12 @@ def hl7_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
-    """Entries of HL7 v2 files or folders (``*.hl7``, ``*.txt``), in clinical-time order; one file may hold
-    several messages. Every message is counted once: mapped (>= 1 entry) or bad (dead letter)."""
+    """Entries of HL7 v2 files or folders (``*.hl7``, ``*.txt``) in the order their messages were sent (MSH-7; files
+    in name order, then messages in file order, where times tie), each message's entries in clinical-time order; one
+    file may hold several messages. Every message is counted once: mapped (>= 1 entry) or bad (dead letter).
+
+    Messages, not clinical times, order a visit: an A03's and an A13's PV1 carry the visit's admit time, yet the
+    discharge comes after the orders of the stay and its cancellation after the discharge."""
     result = Hl7Result()
 
     def count(mtype: str, key: str, n: int = 1) -> None:
@@ -166,7 +173,7 @@ def load_hl7(paths: Iterable[str | Path]) -> Hl7Result:
             result.entries.extend(entries)
             for reason, n in skipped.items():
                 result.skipped[reason] = result.skipped.get(reason, 0) + n
-    sort_clinically(result.entries)
+    result.entries.sort(key=lambda e: e.recorded_at or e.effective_at or _EPOCH)  # stable: ties keep file order
     return result
 
 
