@@ -98,9 +98,36 @@ def render_redis_fsync(report: dict[str, Any]) -> str:
                                   "batch p99 ms", "AOF MB"], rows)
 
 
+def render_lifecycle(report: dict[str, Any]) -> str:
+    """``stam eval lifecycle``: ACTIVE orders and medications against the rows, at the latest time and at the sampled
+    times, overall and by resource type."""
+    rows = []
+    for at in ("latest", "sampled"):
+        r = report[at]
+        rows.append([f"{at} ({fmt(r['times'])} times)", "all", r["precision"], r["recall"], r["active_units"],
+                     r["gold_units"], r["active_from_ended_admission"]])
+        rows += [["", kind, k["precision"], k["recall"], k["active_units"], k["gold_units"], ""]
+                 for kind, k in r.get("by_resource", {}).items()]
+    head = (f"{fmt(report['patients'])} patients ({report['source']}), {fmt(report['entries'])} entries, "
+            f"{fmt(report['samples_per_patient'])} sampled times each (seed {report['seed']})")
+    return head + "\n\n" + table(["at", "resource", "precision", "recall", "ACTIVE units", "gold units",
+                                   "ACTIVE from a discharged admission"], rows)
+
+
+def render_discharge_cost(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.discharge_cost``: one discharge against one order entry of the same visit."""
+    rows = [[r["orders"], what, r[key]["ended"], r[key]["transitions"], r[key]["ms"], r[key]["redis_round_trips"],
+             r[key]["vector_store_calls"]] for r in report["runs"]
+            for key, what in (("last_order", "an order"), ("discharge", "the discharge"))]
+    return table(["orders in the stay", "entry", "facts ended", "transitions", "ms", "Redis round trips",
+                  "vector store calls"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "faust_floor": render_faust_floor,
     "redis_fsync": render_redis_fsync,
+    "eval:lifecycle": render_lifecycle,
+    "discharge_cost": render_discharge_cost,
 }
 
 

@@ -274,6 +274,9 @@ def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
         report = lifecycle.evaluate(gold, dict(run.events), samples=args.samples, seed=args.seed)
     out = {"eval": "lifecycle", "source": args.source, "subjects": subjects,
            "entries": sum(len(v) for v in run.entries.values()), "replay_seconds": round(run.seconds, 1), **report}
+    if args.replay:  # the code that wrote a kept replay may be older than this evaluation's (a before/after pair)
+        written = json.loads((Path(args.replay) / "replay.json").read_text()).get("written_by")
+        out["replay_written_by"] = written or "not recorded (a replay kept before replays named their commit)"
     rows = [{"at": name, **{k: out[name][k] for k in ("times", "precision", "recall", "active_units", "gold_units",
                                                       "active_from_ended_admission")}}
             for name in ("latest", "sampled")]

@@ -406,9 +406,11 @@ def save_replay(run: Replayed, workdir: Path, *, variant: str, tables: Sequence[
         for es in run.entries.values():
             fh.writelines(e.model_dump_json().encode() + b"\n" for e in es)
     run.deps.vectors.flush()
+    from stam.eval.provenance import provenance
+
     meta = {"variant": variant, "tables": list(tables), "subjects": list(subjects) if subjects is not None else None,
             "patients": sorted(run.entries), "entries": sum(len(v) for v in run.entries.values()),
-            "seconds": round(run.seconds, 1)}
+            "seconds": round(run.seconds, 1), "written_by": provenance()}
     (workdir / REPLAY_META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
