@@ -55,7 +55,7 @@ from schemas import (
 from schemas.vocabulary import RELATION_WEIGHT as RELATION_WEIGHT  # its former home, kept importable
 from stam.ids import memory_id
 from stam.reasoning.base import Candidate
-from stam.state import PatientState, lifecycle_of
+from stam.state import PatientState, is_encounter_record, lifecycle_of
 
 RESOURCE_CATEGORY: dict[str, Category] = {
     "Condition": Category.CONDITION,
@@ -143,6 +143,21 @@ def _statement(category: Category, display: str, value: float | None, unit: str 
     span = f"from {_date(start)}" + (f" to {_date(end)}" if end else "")
     parts.append(span)
     return "; ".join(parts)
+
+
+def _one_thread(new: AtomicMemory, old: AtomicMemory) -> bool:
+    """Whether two memories of one concept are one fact over time, so that the newer replaces the older.
+
+    Not two encounters' own records (one admission does not replace another: each ends with its own discharge, so a
+    discharge recorded after the next admission began is no late arrival), nor another resource's interval that is
+    still running when the new fact starts (two infusions of one item at once, overlapping prescriptions of one
+    drug: each is current inside its own interval). Versions of one resource always are."""
+    if new.source_ref is not None and new.source_ref == old.source_ref:
+        return True
+    if is_encounter_record(new) or is_encounter_record(old):
+        return False
+    running = lifecycle_of(old).expires and old.effective_end is not None and old.effective_end > _when(new)
+    return not running
 
 
 def verbatim_memory(entry: RecordEntry, position: int = 0) -> AtomicMemory:
@@ -258,7 +273,7 @@ class CodedReasoner:
         key = memory.concept_key
         same_concept = [c.stored for c in candidates
                         if key and c.stored.memory.concept_key == key
-                        and c.stored.memory.entry_id != memory.entry_id]
+                        and c.stored.memory.entry_id != memory.entry_id and _one_thread(memory, c.stored.memory)]
         archives: dict[str, Archive] = {}
         replaced = {r.target for r in entry.references if r.role == ReferenceRole.REPLACES}
         discontinued = {r.target for r in entry.references if r.role == ReferenceRole.DISCONTINUES}

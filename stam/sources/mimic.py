@@ -249,7 +249,7 @@ class _Builder:
         self.chosen = chosen
         self.lk = lk
         self.result = result
-        self.out: list[tuple[datetime, int, int, RecordEntry]] = []
+        self.out: list[tuple[datetime, int, int, int, RecordEntry]] = []
         self._seq = 0
         self.admissions = {r["hadm_id"]: r for r in rows.get("admissions", [])}
         # Drug names for orders: prescriptions (MAIN drug first), then pharmacy, then emar.
@@ -280,13 +280,17 @@ class _Builder:
     # --- emit ------------------------------------------------------------------------------------------
 
     def emit(self, table: str, key: str, when: datetime | None, *, last: bool = False, **fields: Any) -> None:
-        """One entry at clinical time ``when``; ``last``: after every other entry of the same time (a discharge)."""
+        """One entry at clinical time ``when``; ``last``: after every other entry of the same time (a discharge).
+        Of one table's entries at one time, a stop comes before a start (unless it stops what started then): a pharmacy
+        row that ends when the next row of the same order begins must not end the row that replaced it."""
         entry = RecordEntry(patient_id=self.subject, entry_id=f"{SOURCE}:{table}:{key}", source=SOURCE,
                             **fields)
         sort_time = when or entry.effective_at or entry.recorded_at
         if sort_time is None:
             raise SourceError(f"{table} row {key} has no time")
-        self.out.append((sort_time, len(TABLES) if last else TABLES.index(table), self._seq, entry))
+        began = entry.effective_at
+        phase = 0 if key.endswith(":stop") and began is not None and began < sort_time else 1
+        self.out.append((sort_time, len(TABLES) if last else TABLES.index(table), phase, self._seq, entry))
         self._seq += 1
         self.result.tables[table].entries += 1
 
@@ -309,7 +313,7 @@ class _Builder:
                 self.result.tables["admissions"].bad += 1
                 self.result.bad.append(BadInput("admissions.csv", self.subject.encode(), "SourceError",
                                                 f"MIMIC-IV death time: {exc}"))
-        self.out.sort(key=lambda x: (x[0], x[1], x[2]))
+        self.out.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
         return [e for *_, e in self.out]
 
     # --- encounters ------------------------------------------------------------------------------------

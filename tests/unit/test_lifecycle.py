@@ -132,3 +132,51 @@ def test_an_interval_expires_on_the_patients_clinical_clock_not_the_wall_clock(d
     assert [e.kind for e in late.transitions] == [TransitionKind.ADDED, TransitionKind.ARCHIVED]
     assert late.transitions[1].reason is Reason.EXPIRED
     assert deps.states.load("p-interval").clock == datetime(2031, 3, 4, 8, tzinfo=UTC).timestamp()
+
+
+@pytest.mark.slow
+def test_back_to_back_stays_each_end_with_their_own_discharge_and_concurrent_intervals_both_hold(deps: Any) -> None:
+    """MIMIC sorts a discharge after everything else at its time, so the next admission, admitted the minute the first
+    one is discharged, arrives before that discharge: one admission must not replace the other (the first stay's
+    orders would never end). Two infusions of one item that overlap are both current until their own ends."""
+    from schemas import Coding, RecordEntry
+    from stam.stages import process_entry
+
+    def t(s: str) -> datetime:
+        return datetime.fromisoformat(s + "+00:00")
+
+    admission = Coding(system="http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-encounter-concept",
+                       code="hospital-admission")
+
+    def stay(hadm: str, start: str, end: str | None) -> RecordEntry:
+        return RecordEntry(patient_id="p-stays", entry_id=f"adm:{hadm}:{'discharge' if end else 'admit'}",
+                           source="test", source_ref=f"Encounter/{hadm}", encounter=f"Encounter/{hadm}",
+                           resource_type="Encounter", effective_at=t(start), effective_end=t(end) if end else None,
+                           status="finished" if end else "in-progress", codes=(admission,))
+
+    def infusion(n: int, hadm: str, start: str, end: str) -> RecordEntry:
+        return RecordEntry(patient_id="p-stays", entry_id=f"in:{n}", source="test", source_ref=f"Med/in-{n}",
+                           encounter=f"Encounter/{hadm}", resource_type="MedicationAdministration",
+                           lifecycle=Lifecycle.INTERVAL, effective_at=t(start), effective_end=t(end),
+                           codes=(Coding(system="http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-d-items",
+                                         code="220490"),))
+
+    order = RecordEntry(patient_id="p-stays", entry_id="poe:1", source="test", source_ref="ServiceRequest/poe-1",
+                        encounter="Encounter/A", lifecycle=Lifecycle.ENCOUNTER, resource_type="ServiceRequest",
+                        effective_at=t("2197-04-07 04:07:00"), status="active",
+                        codes=(Coding(system="http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-poe-order", code="1"),))
+    for e in (order, stay("A", "2197-04-07 06:56:00", None), infusion(1, "A", "2197-04-07 08:00:00",
+                                                                         "2197-04-08 08:00:00"),
+              infusion(2, "A", "2197-04-07 20:00:00", "2197-04-08 18:00:00")):
+        process_entry(e, deps)
+    state = deps.states.load("p-stays")
+    given = {s.memory.entry_id: s for s in state.memories.values()}
+    assert given["in:1"].store is given["in:2"].store is Store.ACTIVE  # overlapping: both run
+    process_entry(stay("B", "2197-04-08 19:37:00", None), deps)  # admitted as A is discharged ...
+    process_entry(stay("A", "2197-04-07 06:56:00", "2197-04-08 19:37:00"), deps)  # ... whose discharge sorts after
+    state = deps.states.load("p-stays")
+    given = {s.memory.entry_id: s for s in state.memories.values()}
+    assert given["poe:1"].store is Store.HISTORY and given["poe:1"].reason is Reason.ENCOUNTER_ENDED
+    assert given["adm:A:discharge"].reason is Reason.ENCOUNTER_ENDED  # not a late arrival beside B's admission
+    assert given["adm:B:admit"].store is Store.ACTIVE  # B is the stay in progress
+    assert {given[f"in:{n}"].reason for n in (1, 2)} == {Reason.EXPIRED}
