@@ -58,8 +58,13 @@ prometheus:
 	@command -v prometheus >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
 		|| echo "prometheus not installed (apt-get failed): tests/integration/test_prometheus_scrape.py will skip"
 
+# Test modules run in TEST_WORKERS processes (pytest-xdist), each module whole in one of them (--dist loadfile: its
+# stack, workers and ordered tests stay together), the modules that start servers first (tests/conftest.py). Much of a
+# real-stack test waits (a worker starting and joining its group, broker round trips), so three processes overlap
+# even on 2 cores. TEST_WORKERS=0: one process, as before.
+TEST_WORKERS ?= 3
 test: setup prometheus
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The tests marked `extras` (vLLM's CPU build, the train extra), after installing those parts; `make test` skips
 # them with their reason. Here a skip is a failure (tests/conftest.py), so they really ran.

@@ -68,6 +68,18 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     stack.down(home)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n 3 --dist loadfile --no-loadscope-reorder``) a module goes whole to one
+    process, in this order: the modules that start a stack, processes or a model first (tests/integration, modules
+    marked ``slow``), the quick ones after, to fill the other processes while the last slow one ends. A stable sort:
+    the order of the tests inside a module (some build on the one before) stays as written."""
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    heavy = {item.nodeid.split("::")[0] for item in items
+             if "integration" in item.nodeid.split("/") or item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: 0 if item.nodeid.split("::")[0] in heavy else 1)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     """``make test-extras`` (``STAM_REQUIRE_EXTRAS=1``) installed the optional parts: a test marked ``extras`` that

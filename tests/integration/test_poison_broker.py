@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from benchmarks.hostile import expected, hostile_files, hostile_inputs, hostile_key
 from schemas import RecordEntry
@@ -280,6 +280,20 @@ def test_publisher_refuses_an_entry_that_breaks_a_limit_after_it_was_built(stack
     assert json.loads(base64.b64decode(letters[0]["value"]))["entry_id"] == "pub-limit-2"
 
 
+async def _entries_on_the_topic(settings: Any) -> int:
+    """The entries topic's end offsets, summed over its partitions: it grows when anything arrives there."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None)
+    await consumer.start()
+    try:
+        topic = t.ENTRIES.name(settings.topic_prefix)
+        await consumer.topics()  # the cluster's metadata, with the topic's partitions
+        parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        assert parts, topic
+        return sum((await consumer.end_offsets(parts)).values())
+    finally:
+        await consumer.stop()
+
+
 def test_ctrl_c_during_publish_says_what_was_sent_and_that_rerunning_is_safe(stack_settings: Any) -> None:
     import signal
     import subprocess
@@ -290,10 +304,16 @@ def test_ctrl_c_during_publish_says_what_was_sent_and_that_rerunning_is_safe(sta
     s = stack_settings
     env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, PYTHONPATH=str(REPO),
                HF_HUB_OFFLINE="1")
+    before = asyncio.run(_entries_on_the_topic(s))
     proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "publish", "--quiet", "--rate", "10",
                              str(SMALL_BUNDLE)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(8)
+    # Interrupted mid-stream: once its first entries are on the broker (at 10/s the 132 take 13 s), however long
+    # its start took on a busy machine.
+    deadline = time.monotonic() + 240
+    while asyncio.run(_entries_on_the_topic(s)) == before:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

@@ -5,18 +5,23 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 from benchmarks.write_path import CpuMeter
 
-BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass\ntime.sleep(30)"
+# Told to start (after the meter began), the child burns 1 s of CPU, says so, then sleeps: the test waits for its
+# word, not a fixed time, so a busy machine (parallel test processes, other jobs) changes nothing but how long.
+BURN = ("import sys, time\nsys.stdin.readline()\nt = time.process_time()\n"
+        "while time.process_time() - t < 1.0: pass\nprint('burnt', flush=True)\ntime.sleep(300)")
 
 
 def test_named_child_is_counted_once() -> None:
-    child = subprocess.Popen([sys.executable, "-c", BURN])
+    child = subprocess.Popen([sys.executable, "-c", BURN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
     try:
         meter = CpuMeter({"driver": os.getpid(), "child": child.pid})
-        time.sleep(3.0)  # the child burns ~1 s of CPU (less what it spent before the meter began), then sleeps
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "burnt\n"  # the child burnt ~1 s of CPU; the driver only waited for it
         report = meter.report(entries=10)
     finally:
         child.kill()

@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -363,14 +364,22 @@ def test_a_worker_with_json_logs_writes_json_lines_only(tmp_path: Path) -> None:
     full = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", STAM_BROKER_URL="kafka://127.0.0.1:1",
                 STAM_REDIS_URL="redis://127.0.0.1:1/0", STAM_MILVUS_URI="http://127.0.0.1:1", STAM_WEB_PORT="0",
                 STAM_HOME=str(tmp_path), STAM_LOG_FORMAT="json")
-    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker"], cwd=REPO, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    logs = [tmp_path / "worker.out", tmp_path / "worker.err"]
+    with logs[0].open("w") as out, logs[1].open("w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker"], cwd=REPO, env=full, stdout=out,
+                                stderr=err, text=True)
+    # Its start (imports) takes from seconds to a minute on a busy machine: from the first line Faust logs, the
+    # worker runs 10 s more, retrying its broker, before it is stopped (or stops by itself).
+    deadline = time.monotonic() + 180
+    while proc.poll() is None and not re.search(r'"logger":\s*"faust', "".join(f.read_text() for f in logs)):
+        assert time.monotonic() < deadline, "no Faust log line within 180 s"
+        time.sleep(0.2)
     try:
-        out, err = proc.communicate(timeout=15)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
         proc.terminate()
-        out, err = proc.communicate(timeout=30)
-    lines = [x for x in (out + err).splitlines() if x.strip()]
+        proc.wait(timeout=30)
+    lines = [x for f in logs for x in f.read_text().splitlines() if x.strip()]
     assert lines, "the worker logged nothing"
     records = [json.loads(x) for x in lines]  # every line is one JSON object
     assert any(r["logger"].startswith("faust") for r in records)
