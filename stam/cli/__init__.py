@@ -49,11 +49,11 @@ from stam.cli import (
     transitions,
     worker,
 )
-from stam.cli.common import load_settings
+from stam.cli.common import load_settings, one_line
 from stam.cli.transitions import _consume_transitions
 from stam.config import Settings
 
-__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "version"]
+__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
@@ -102,3 +102,33 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:  # a stack process down, or one that cannot start: one line, no traceback
         print(f"stam: {exc}", file=sys.stderr)
         return 3
+    except Exception as exc:
+        service = unreachable(exc)
+        if service is None:
+            raise  # a bug: its traceback
+        # A service named by STAM_* URLs that does not answer (a stack down, a wrong URL): one line, as a dead
+        # process of the embedded stack is.
+        print(f"stam: {service} unreachable ({type(exc).__name__}: {one_line(str(exc), 160)}); is it running "
+              "(`stam stack status`, or the STAM_* URLs)?", file=sys.stderr)
+        return 3
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """The service ``exc`` says could not be reached (Redis, the broker, Milvus), or None: connection failures
+    only, not a server's refusal or a bug."""
+    import redis
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+    from pymilvus import MilvusException
+
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return "Redis"
+    if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
+        return "the broker"
+    if isinstance(exc, MilvusException) and (exc.code == MILVUS_CANNOT_CONNECT or "fail connecting" in
+                                             str(exc.message).lower()):
+        return "Milvus"
+    return None
+
+
+MILVUS_CANNOT_CONNECT = 2
+"""pymilvus's code for a server it could not connect to (``Fail connecting to server on HOST:PORT``)."""

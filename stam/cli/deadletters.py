@@ -23,7 +23,7 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     from stam.stores.redis_state import RedisStateStore
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
-    settings = load_settings()
+    settings = load_settings(needs=("broker", "redis"))
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     try:
         if args.action == "list":

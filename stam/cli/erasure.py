@@ -25,7 +25,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     from stam.compose import build_deps
     from stam.rebuild import rebuild
 
-    settings = load_settings()
+    settings = load_settings(needs=("broker", "redis", "milvus"))
     if _refuse_erased(settings, args.patient):
         return 1
     deps = build_deps(settings)
@@ -57,7 +57,7 @@ def _refuse_erased(settings: Settings, patient_id: str) -> bool:
 def cmd_erase(args: argparse.Namespace) -> int:
     from stam import erase
 
-    settings = load_settings()
+    settings = load_settings(needs=("broker", "redis", "milvus"))
     for name in ("pymilvus", "pymilvus.milvus_client"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     if not args.patient.strip():

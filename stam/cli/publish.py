@@ -47,13 +47,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from stam.integrity import source_keys
     from stam.publish import PublishSummary, publish_paths, report
 
-    settings = load_settings()
+    settings = load_settings(needs=("broker",))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     logging.getLogger("stam.publish").setLevel(logging.INFO)  # the run's counts, one line at the end (report)
-    bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
+    bars: list[Any] = []  # drawn from the first entry sent: a refusal or an unreachable broker is one line
 
     def progress(n: int) -> None:
-        bar.update(n - bar.n)
+        if not bars:
+            bars.append(tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5))
+        bars[0].update(n - bars[0].n)
+
+    def close_bar() -> None:
+        for bar in bars:
+            bar.close()
 
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
@@ -68,28 +74,28 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if interrupted:
             raise KeyboardInterrupt
     except SourceConfigError as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: {exc}", file=sys.stderr)
         return 2
     except InputRefused as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: {exc}; nothing was sent", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        bar.close()
+        close_bar()
         print(f"stam publish: interrupted after {summary.sent} entries sent ({summary.dead_lettered} "
               "dead-lettered); re-running the same command is safe: entry ids are deterministic and the workers "
               "skip entries already applied", file=sys.stderr)
         report(settings, summary, "interrupted", log_line=False)  # the line above has the counts
         return 130
     except (KafkaError, OSError) as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: cannot reach the broker at {settings.broker_url} ({type(exc).__name__}); "
               f"{summary.sent} entries sent. Is the stack up (stam stack status)?", file=sys.stderr)
         report(settings, summary, "broker_unreachable", log_line=False)
         return 1
     finally:
-        bar.close()
+        close_bar()
     print(json.dumps(summary.as_dict()))
     report(settings, summary, "ok" if summary.dead_lettered == 0 else "dead_lettered")
     return 0 if summary.dead_lettered == 0 else 2

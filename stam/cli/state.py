@@ -15,7 +15,7 @@ def cmd_state(args: argparse.Namespace) -> int:
     from stam.export import export_state, render_text
     from stam.stores.redis_state import RedisStateStore
 
-    settings = load_settings()
+    settings = load_settings(needs=("redis",))
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     state = states.load(args.patient)
     gaps = states.gaps(args.patient)
