@@ -59,7 +59,7 @@ def query_service(settings: Settings) -> Any:
     from workers.query import build_service
     from workers.runtime import Runtime
 
-    return build_service(settings, Runtime(settings=settings, topics=None))  # type: ignore[arg-type]
+    return build_service(settings, Runtime(settings=settings, topics=None, writes=False))  # type: ignore[arg-type]
 
 
 def one_line(text: str | None, width: int) -> str:

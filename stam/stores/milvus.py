@@ -51,8 +51,29 @@ def _scope(patient_id: str, store: Store) -> str:
     return f"{_patient_filter(patient_id)} and store == {literal(store.value)}"
 
 
+class _LiteLacksAllocTimestamp(logging.Filter):
+    """Milvus Lite's in-process gRPC server does not implement ``AllocTimestamp``, which pymilvus calls while it
+    waits for a new collection's index; grpc logs the servicer's NotImplementedError with a traceback at ERROR,
+    and pymilvus goes on without the timestamp (the collection is created and used as usual). That record, and
+    only that one, is dropped: it reported nothing that failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, NotImplementedError):
+            return True
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        return tb is None or tb.tb_frame.f_code.co_name != "AllocTimestamp"
+
+
+_LITE_FILTER = _LiteLacksAllocTimestamp()
+
+
 class MilvusVectorStore(VectorStore):
     def __init__(self, uri: str, *, dim: int, prefix: str = "stam", token: str = "") -> None:
+        if uri.endswith(".db"):  # Milvus Lite in this process: its gRPC server logs here
+            logging.getLogger("grpc._server").addFilter(_LITE_FILTER)  # once: a filter is kept once per logger
         self._client = MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
         self._dim = dim
         self._name = f"{prefix}_memories"
