@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from stam.cli.common import load_settings
-from stam.publish import FORMATS
+from stam.sources.base import format_names
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 
@@ -40,6 +40,8 @@ async def _until_interrupted(work: Any) -> bool:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker",))  # first: no stack, no imports of the stores
+
     from aiokafka.errors import KafkaError
     from tqdm import tqdm
 
@@ -47,7 +49,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from stam.integrity import source_keys
     from stam.publish import PublishSummary, publish_paths, report
 
-    settings = load_settings(needs=("broker",))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     logging.getLogger("stam.publish").setLevel(logging.INFO)  # the run's counts, one line at the end (report)
     bars: list[Any] = []  # drawn from the first entry sent: a refusal or an unreachable broker is one line
@@ -114,7 +115,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "characters); input over them is dead-lettered.")
     p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
                    "bulk-export folders, .hl7 files or folders of them, a MIMIC-IV folder (with hosp/, icu/)")
-    p.add_argument("--format", choices=list(FORMATS), default="auto",
+    # stam.publish.FORMATS, without importing the publisher (and its stores) to build the parser: every
+    # command, `stam --help` too, builds it
+    p.add_argument("--format", choices=["auto", *format_names()], default="auto",
                    help="input format (default: detected per path)")
     p.add_argument("--rate", type=float, default=None, help="entries per second (default: unlimited)")
     p.add_argument("--subjects", default=None, help="MIMIC-IV: comma-separated subject_ids (default: all)")

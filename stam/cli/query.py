@@ -15,10 +15,11 @@ from stam.cli.common import load_settings, query_service
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
+
     from stam.errors import PortInUse
     from workers.query import run
 
-    settings = load_settings(needs=("broker", "redis", "milvus"))
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
     try:
         run(settings, loglevel=args.loglevel)
@@ -105,12 +106,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("redis", "milvus"))  # first: no stack, no imports of the stores
+
     from pathlib import Path
 
     from stam.read.calibrate import labelled_set, load_set, replay
     from stam.read.gate import calibrate, write_gate_file
 
-    settings = load_settings(needs=("redis", "milvus"))
     service = query_service(settings)
     if args.action == "build-set":
         patients = args.patients.split(",") if args.patients else service.states.patients()
