@@ -11,6 +11,7 @@ are listed in ``NOT_RUN_HERE`` with the reason; every command the parser knows i
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import subprocess
@@ -170,3 +171,34 @@ def test_each_readme_command_on_a_fresh_home(tmp_path: Path) -> None:
         if problems:
             failures.append(f"{'; '.join(problems)}\n{said}")
     assert failures == [], "\n\n".join(failures)
+
+
+# --- the noise, at its source ---------------------------------------------------------------------------------
+
+def test_loading_the_embedding_model_draws_no_bar(capfd: pytest.CaptureFixture[str]) -> None:
+    """transformers draws "Loading weights" for every model it loads; the embedder loads without it and puts the
+    process-wide switch back (a training run keeps its bars)."""
+    from transformers.utils import logging as hf_logging
+
+    from stam.embedding import Embedder
+
+    shown = hf_logging.is_progress_bar_enabled()
+    Embedder()
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled() == shown
+
+
+@pytest.mark.slow  # a Milvus Lite server in this process
+def test_a_new_milvus_lite_store_logs_no_grpc_traceback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """pymilvus asks Milvus Lite for AllocTimestamp while a new collection's index is built; Milvus Lite does not
+    implement it, and grpc logged the NotImplementedError with a traceback on every fresh store."""
+    from stam.stores.milvus import MilvusVectorStore
+
+    with caplog.at_level(logging.DEBUG, logger="grpc._server"):
+        store = MilvusVectorStore(str(tmp_path / "m.db"), dim=4)
+    store.close()
+    assert [r.getMessage() for r in caplog.records if r.name == "grpc._server"] == []
+    # the filter drops that record only: any other servicer error is still logged
+    other = logging.LogRecord("grpc._server", logging.ERROR, __file__, 1, "Exception calling application", None,
+                              (NotImplementedError, NotImplementedError("x"), None))
+    assert logging.getLogger("grpc._server").filter(other)
