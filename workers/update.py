@@ -183,7 +183,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def update(stream: faust.StreamT[Any]) -> None:
         # Batches of whatever is waiting (up to update_batch, at most 20 ms apart): one Milvus upsert
         # per patient and one Redis transaction per batch instead of per entry.
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+        async for events in stream.take_batches(  # type: ignore[attr-defined]  # topology.batching.Stream
                 runtime.settings.update_batch, within=0.02):
             await _ready()
             await run_batch(events, stage="update", model=ImpactedEntry, fn=apply,
@@ -232,7 +232,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def delete(stream: faust.StreamT[Any]) -> None:
         """The deletion gate's orders (``stam deletion sweep``), applied by this stage, the single writer of
         patient state, as ``deleted`` transitions on the same outbox and topic as every other transition."""
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+        async for events in stream.take_batches(  # type: ignore[attr-defined]  # topology.batching.Stream
                 runtime.settings.update_batch, within=0.02):
             await _ready()
             await run_batch(events, stage="delete", model=DeletionOrder, fn=apply_deletions,
