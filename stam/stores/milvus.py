@@ -77,6 +77,7 @@ class MilvusVectorStore(VectorStore):
         self._client = MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
         self._dim = dim
         self._name = f"{prefix}_memories"
+        self._written = True  # since the last flush (a new client: what an earlier one wrote may be unsealed)
         self._ensure(self._name)
 
     def _ensure(self, name: str) -> None:
@@ -112,6 +113,7 @@ class MilvusVectorStore(VectorStore):
     def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return
+        self._written = True
         self._client.upsert(self._name, [
             {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
              "vector": r.vector.tolist()}
@@ -162,6 +164,7 @@ class MilvusVectorStore(VectorStore):
     def delete(self, patient_id: str, memory_ids: Sequence[str]) -> int:
         gone = 0
         ids = list(dict.fromkeys(memory_ids))
+        self._written = True
         for lo in range(0, len(ids), 1000):
             expr = f"{_patient_filter(patient_id)} and memory_id in {json.dumps(ids[lo: lo + 1000])}"
             res = self._client.delete(self._name, filter=expr)
@@ -169,11 +172,17 @@ class MilvusVectorStore(VectorStore):
         return gone
 
     def erase_patient(self, patient_id: str) -> int:
+        self._written = True
         res = self._client.delete(self._name, filter=_patient_filter(patient_id))
         return int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
 
     def flush(self) -> None:
         self._client.flush(self._name)
+        self._written = False
+
+    def flush_own_writes(self) -> None:
+        if self._written:
+            self.flush()
 
     def close(self) -> None:
         self._client.close()
