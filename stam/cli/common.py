@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -92,3 +93,26 @@ def add_replay_options(q: argparse.ArgumentParser, *, source: str) -> None:
     q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
     q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
     q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+
+
+class LazyBar:
+    """A progress bar (tqdm, on stderr) drawn from the first progress reported: a command that stops before any
+    work (a missing folder, the stack down) says why in one line, with no empty bar before it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._bar: Any = None
+
+    def to(self, done: int) -> None:
+        """``done`` items in all so far (the progress callbacks' convention)."""
+        if self._bar is None:
+            if done <= 0:
+                return
+            from tqdm import tqdm
+
+            self._bar = tqdm(file=sys.stderr, **self._kwargs)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

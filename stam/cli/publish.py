@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from stam.cli.common import load_settings
+from stam.cli.common import LazyBar, load_settings
 from stam.sources.base import format_names
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
@@ -43,7 +43,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker",))  # first: no stack, no imports of the stores
 
     from aiokafka.errors import KafkaError
-    from tqdm import tqdm
 
     from stam.errors import InputRefused, SourceConfigError
     from stam.integrity import source_keys
@@ -51,16 +50,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     logging.getLogger("stam.publish").setLevel(logging.INFO)  # the run's counts, one line at the end (report)
-    bars: list[Any] = []  # drawn from the first entry sent: a refusal or an unreachable broker is one line
-
-    def progress(n: int) -> None:
-        if not bars:
-            bars.append(tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5))
-        bars[0].update(n - bars[0].n)
-
-    def close_bar() -> None:
-        for bar in bars:
-            bar.close()
+    bar = LazyBar(desc="publishing", unit=" entries", disable=args.quiet, mininterval=0.5)
+    progress, close_bar = bar.to, bar.close
 
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
