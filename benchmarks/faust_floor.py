@@ -5,6 +5,7 @@ the last hop also produces ``--fanout`` messages per entry (the write path produ
 entry). Prints JSON: messages/s end to end. What the real worker reaches cannot exceed this.
 
 Usage: python -m benchmarks.faust_floor [--messages 5000] [--fanout 2] [--storage s3 memory] [--linger-ms 5 50]
+[--batching stam faust]
 (``--storage``: the broker storage engines to compare, one stack each, in turn; also reports the stack's start
 time, the first message's time (the worker's group join), the broker's disk and the RSS of its processes, and the
 CPU seconds each process spent on the measured messages.)
@@ -32,22 +33,26 @@ PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]
 
 
-def worker_main(broker: str, fanout: int, linger_ms: int = 5) -> None:
+def worker_main(broker: str, fanout: int, linger_ms: int = 5, batching: str = "stam") -> None:
     import faust
 
     from stam.config import Settings
     from stam.logs import faust_worker
+    from topology.batching import Stream
 
     app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
                     consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=linger_ms,
-                    broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3)
+                    broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3,
+                    Stream=Stream)
     topics = [app.topic(f"{PREFIX}.{h}", key_type=bytes, value_type=bytes, key_serializer="raw",
                         value_serializer="raw", partitions=8) for h in HOPS]
 
     def hop(src: Any, dst: Any, copies: int) -> None:
         @app.agent(src, name=f"floor.{src.get_topic_name()}")
         async def forward(stream: Any) -> None:
-            async for events in stream.take_events(256, within=0.02):
+            # the worker's batches (topology.batching), or Faust's own take_events to compare
+            take = stream.take_batches if batching == "stam" else stream.take_events
+            async for events in take(256, within=0.02):
                 for ev in events:
                     for _ in range(copies):
                         await dst.send(key=ev.message.key, value=ev.value)
@@ -102,12 +107,17 @@ def main() -> None:
                         help="broker storage engine(s); several: one run each, in turn")
     parser.add_argument("--linger-ms", type=int, nargs="+", default=[5],
                         help="producer linger of the hops and the driver (the worker's is 5); several: one run each")
-    parser.add_argument("--worker", nargs=3, metavar=("BROKER", "FANOUT", "LINGER"), help=argparse.SUPPRESS)
+    parser.add_argument("--batching", nargs="+", choices=["stam", "faust"], default=["stam"],
+                        help="the hops' batches: stam (the worker's, topology.batching) or faust (Faust's "
+                        "take_events, which polls every 20 ms while idle); several: one run each")
+    parser.add_argument("--worker", nargs=4, metavar=("BROKER", "FANOUT", "LINGER", "BATCHING"),
+                        help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]))
+        worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.worker[3])
         return
-    results = [_one(args, storage, linger) for storage in args.storage for linger in args.linger_ms]
+    results = [_one(args, storage, linger, batching) for storage in args.storage for linger in args.linger_ms
+               for batching in args.batching]
     print(json.dumps(stamp(results[0] if len(results) == 1 else results), indent=2))
 
 
@@ -121,7 +131,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5) -> dict[str, Any]:
+def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5, batching: str = "stam") -> dict[str, Any]:
     from stam import stack
 
     with tempfile.TemporaryDirectory(prefix="stam-floor-") as tmp:
@@ -131,7 +141,7 @@ def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5) -> dict[str
         up_s = time.monotonic() - t0
         log = open(home / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen([sys.executable, "-m", "benchmarks.faust_floor", "--worker", info.broker_url,
-                                   str(args.fanout), str(linger_ms)], cwd=Path(__file__).resolve().parents[1],
+                                   str(args.fanout), str(linger_ms), batching], cwd=Path(__file__).resolve().parents[1],
                                   env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
         try:
             bootstrap = info.broker_url.split("://", 1)[1]
@@ -151,7 +161,7 @@ def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5) -> dict[str
             log.close()
             stack.down(home)
     return {"benchmark": "faust_floor", "hops": 4, "fanout": args.fanout, "payload_bytes": args.payload_bytes,
-            "linger_ms": linger_ms, **result}
+            "linger_ms": linger_ms, "batching": batching, **result}
 
 
 if __name__ == "__main__":

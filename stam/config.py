@@ -61,7 +61,8 @@ class Settings(BaseSettings):
     ready_timeout_s: float = Field(default=2.0, gt=0, description="Timeout of each /readyz dependency check")
     ready_cache_s: float = Field(default=5.0, ge=0, description="How long a /readyz result is reused")
     lag_interval_s: float = Field(default=5.0, ge=0, description="How often the workers export "
-                                  "stam_consumer_lag; 0: off")
+                                  "stam_consumer_lag (an idle worker less often, up to every 5 minutes, until a "
+                                  "message comes); 0: off")
     pushgateway_url: str = Field(default="", description="Prometheus Pushgateway that `stam publish` pushes its "
                                  "counts to (job stam-publish); empty: the counts are logged only")
 

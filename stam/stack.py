@@ -39,8 +39,11 @@ ORDER = ("s3", "broker", "redis", "milvus")
 BUCKET = "tansu"
 # weed mini's listeners besides S3, each given a free loopback port so that several stacks can run side by side.
 _WEED_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-               "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "debug.port",
-               "s3.port.iceberg", "s3.port.lance")
+               "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "debug.port")
+# What weed mini starts that the broker does not use, off: the Iceberg and Lance catalogs (their ports 0), WebDAV,
+# the admin UI; and its anonymous usage report to telemetry.seaweedfs.com (on by default), which a hospital's
+# host should not send (and here cannot: it only fails, every round).
+_WEED_OFF = ("-s3.port.iceberg=0", "-s3.port.lance=0", "-webdav=false", "-admin.ui=false", "-master.telemetry=false")
 
 
 @dataclass
@@ -202,7 +205,7 @@ def _specs(home: Path, storage: str, fsync: str, ports: dict[str, dict[str, int]
         s3 = {"main": port("s3"), **{k: port("s3", k) for k in _WEED_PORTS}}
         procs["s3"] = Process(
             name="s3", cmd=[str(weed), "mini", f"-dir={home / 'broker'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-                            f"-s3.port={s3['main']}", "-admin.ui=false", "-webdav=false", f"-bucket={BUCKET}",
+                            f"-s3.port={s3['main']}", *_WEED_OFF, f"-bucket={BUCKET}",
                             *(f"-{k}={s3[k]}" for k in _WEED_PORTS)],
             port=s3["main"], data=str(home / "broker"), log=str(logs / "s3.log"), ports=s3)
         engine = f"s3://{BUCKET}/"

@@ -10,6 +10,7 @@ from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.config import Settings
 from stam.transport import faust_broker_kwargs
 from topology import topics as t
+from topology.batching import Stream
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
         broker_rebalance_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         broker_commit_interval=1.0,
+        Stream=Stream,  # take_batches: no timer while an agent has nothing buffered (topology/batching.py)
     )
     topics = Topics(*(_topic(app, spec, settings) for spec in t.ALL))
     return app, topics

@@ -277,7 +277,7 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
     async def hand_on(event: faust.EventT[Any], out: tuple[bytes, bytes, str]) -> None:
         await send_bytes(dest, out[0], out[1], what=out[2])
 
-    # take_events exists on faust-streaming streams but is missing from its StreamT stub.
-    async for events in stream.take_events(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
+    # take_batches: topology.batching.Stream, the apps' stream class (not on faust's StreamT).
+    async for events in stream.take_batches(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
         await run_batch(events, stage=stage, model=model, fn=sealed_fn, runtime=runtime, on_result=hand_on,
                         parse=parse)

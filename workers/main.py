@@ -69,10 +69,12 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
     if settings.milvus_flush_s > 0 and "update" in stages:  # the update stage writes Milvus
         @app.timer(interval=settings.milvus_flush_s)
         async def _seal_segments() -> None:
-            # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast.
-            # A Milvus outage skips a round; the timer never dies (a dead timer would stop the worker).
+            # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast. Only what this
+            # worker wrote since (an idle worker calls nothing). A Milvus outage skips a round; the timer never
+            # dies (a dead timer would stop the worker).
             try:
-                await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, lambda: runtime.deps.vectors.flush())
+                await asyncio.get_running_loop().run_in_executor(
+                    STAGE_THREAD, lambda: runtime.deps.vectors.flush_own_writes())
             except Exception as exc:  # noqa: BLE001
                 _background_failed("seal_segments", exc)
 

@@ -4,12 +4,13 @@
   never gets a worker restarted (the stages wait outages out themselves).
 - ``GET /readyz``: the broker, Redis, Milvus and, where one is configured, the language model answer, each with
   a short timeout (``STAM_READY_TIMEOUT_S``), the result reused for ``STAM_READY_CACHE_S``. 200 when all are up,
-  503 otherwise; the JSON body names each dependency. The same checks run every few seconds in the background
-  and set ``stam_ready{dependency}`` (1 up, 0 down).
+  503 otherwise; the JSON body names each dependency. The same checks run every 15 s in the background
+  (:data:`READY_REFRESH_S`) and set ``stam_ready{dependency}`` (1 up, 0 down).
 - ``stam_consumer_lag{group,topic,partition}``: for each partition assigned to this process, the partition's end
   offset minus the group's committed offset (the log start when nothing is committed), every
-  ``STAM_LAG_INTERVAL_S``, with its own clients (never on the message path). Summed over a group's processes it
-  is the group's lag: each process reports only the partitions it holds.
+  ``STAM_LAG_INTERVAL_S``, with its own clients (never on the message path); an idle worker (caught up, nothing
+  new) asks less often, up to every 5 minutes, until a message comes (:class:`LagMonitor`). Summed over a group's
+  processes it is the group's lag: each process reports only the partitions it holds.
 - Ports: a web or metrics port already taken on this host stops the process with one line naming the variable
   (:class:`PortInUse`), instead of a traceback from deep inside the web server.
 """
@@ -94,6 +95,7 @@ class Readiness:
         self._cached: tuple[float, dict[str, Any]] | None = None
         self._lock: asyncio.Lock | None = None
         self._redis_client: Any = None
+        self._kafka_client: Any = None
         self._milvus_client: Any = None
         self._milvus_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-ready-milvus")
         self._milvus_pending: Future[Any] | None = None
@@ -130,14 +132,25 @@ class Readiness:
         return out
 
     async def _broker(self) -> str | None:
+        """A metadata round trip on a connection kept between checks (authenticated where SASL is configured);
+        a failed check closes it, and the next one connects anew."""
         from aiokafka.client import AIOKafkaClient
 
-        client = AIOKafkaClient(**kafka_client_kwargs(self.settings), request_timeout_ms=int(self.timeout * 1000))
         try:
-            await client.bootstrap()  # a metadata round trip (authenticated where SASL is configured)
-            return f"{len(client.cluster.brokers())} broker(s)"
-        finally:
-            await client.close()
+            if self._kafka_client is None:
+                client = AIOKafkaClient(**kafka_client_kwargs(self.settings),
+                                        request_timeout_ms=int(self.timeout * 1000))
+                self._kafka_client = client
+                await client.bootstrap()  # connect, agree versions, authenticate; its first metadata round trip
+            else:
+                await self._kafka_client.fetch_all_metadata()
+            return f"{len(self._kafka_client.cluster.brokers())} broker(s)"
+        except BaseException:
+            client, self._kafka_client = self._kafka_client, None
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.close()
+            raise
 
     async def _redis(self) -> str | None:
         if not self.settings.redis_url:
@@ -204,19 +217,46 @@ class Readiness:
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
+        kafka, self._kafka_client = self._kafka_client, None
+        if kafka is not None:
+            with contextlib.suppress(Exception):
+                await kafka.close()
         self.close()
 
 
 # --- consumer lag ----------------------------------------------------------------------------------------
 
+READY_REFRESH_S = 15.0
+"""How often the background checks refresh ``stam_ready`` (alerts wait minutes on it; ``/readyz`` checks when
+asked, its result reused for ``STAM_READY_CACHE_S``). Each round is a broker, a Redis and a Milvus round trip:
+every 5 s they were a tenth of an idle stack's CPU."""
+
+IDLE_LAG_MAX_S = 300.0
+"""The longest wait between two lag rounds of an idle worker (see :class:`LagMonitor`): what a quiet round
+reported (every partition caught up) can change unseen only if this process's consumer stops receiving while
+messages arrive (a fetcher that died), and that is said at most this late."""
+
+
 class LagMonitor:
-    """Sets ``stam_consumer_lag`` for the partitions the Faust app's consumer holds (see the module doc)."""
+    """Sets ``stam_consumer_lag`` for the partitions the Faust app's consumer holds (see the module doc).
+
+    A round costs the broker a read of every held partition's end offset and committed offset (on the embedded
+    stack: about two S3 reads each, 40 partitions for a write worker), so an idle worker asks less often: after a
+    round that found every held partition caught up (lag 0), nothing new at their ends and no message received by
+    this process since the round before, the wait to the next round doubles, up to :data:`IDLE_LAG_MAX_S`. A
+    message received, an assignment changed or a round that finds lag brings rounds back to every
+    ``STAM_LAG_INTERVAL_S``."""
 
     def __init__(self, app: Any, settings: Settings, group: str) -> None:
         self.app, self.settings, self.group = app, settings, group
         self._consumer: Any = None
         self._admin: Any = None
         self._reported: set[tuple[str, int]] = set()
+        self._lags: dict[tuple[str, int], int] = {}
+        self._ends: dict[tuple[str, int], int] = {}
+        self._received = -1  # messages this process had received at the last round
+        self._wait = settings.lag_interval_s  # from the last round to the next
+        self._due = 0.0  # monotonic time of the next round
 
     async def _clients(self) -> tuple[Any, Any]:
         if self._consumer is None:
@@ -241,8 +281,16 @@ class LagMonitor:
         except Exception:  # noqa: BLE001 - the consumer has not started (or is restarting): nothing held
             return set()
 
-    async def update(self) -> dict[tuple[str, int], int]:
-        """One round: the lag of every assigned partition (also returned, for tests)."""
+    def received(self) -> int:
+        """Messages this process's consumer has received (Faust's monitor); -1 where there is no monitor."""
+        try:
+            return int(self.app.monitor.messages_received_total)
+        except Exception:  # noqa: BLE001 - no monitor: every round is asked
+            return -1
+
+    async def update(self, *, now: float | None = None) -> dict[tuple[str, int], int]:
+        """One round: the lag of every assigned partition (also returned, for tests). An idle worker's round
+        that is not due yet asks the broker nothing and returns the last lags."""
         from aiokafka import TopicPartition
 
         held = self.assigned()
@@ -251,12 +299,17 @@ class LagMonitor:
         self._reported &= held
         if not held:
             return {}
+        now = time.monotonic() if now is None else now
+        received = self.received()
+        if held == self._reported and received == self._received and received >= 0 and now < self._due:
+            return {tp: self._lags[tp] for tp in held}
         consumer, admin = await self._clients()
         tps = [TopicPartition(t, p) for t, p in sorted(held)]
         try:
             ends = await consumer.end_offsets(tps)
             committed = await admin.list_consumer_group_offsets(self.group, partitions=tps)
-            uncommitted = [tp for tp in tps if tp not in committed or committed[tp].offset < 0]
+            # The log start only where nothing is committed and something was written (lag = end - start).
+            uncommitted = [tp for tp in tps if (tp not in committed or committed[tp].offset < 0) and ends[tp] > 0]
             starts = await consumer.beginning_offsets(uncommitted) if uncommitted else {}
         except Exception:
             await self.close()  # reconnect next round
@@ -267,6 +320,13 @@ class LagMonitor:
             lag = max(0, int(ends[tp]) - int(done))
             CONSUMER_LAG.labels(group=self.group, topic=tp.topic, partition=str(tp.partition)).set(lag)
             out[(tp.topic, tp.partition)] = lag
+        end_now = {(tp.topic, tp.partition): int(ends[tp]) for tp in tps}
+        quiet = (held == self._reported and received == self._received and end_now == self._ends
+                 and not any(out.values()))
+        base = self.settings.lag_interval_s
+        self._wait = min(self._wait * 2, max(base, IDLE_LAG_MAX_S)) if quiet else base
+        self._due = now + self._wait - base / 2  # the timer ticks every `base`: the tick nearest the wait
+        self._received, self._ends, self._lags = received, end_now, out
         self._reported |= held
         return out
 
@@ -295,7 +355,7 @@ def install(app: Any, settings: Settings, *, group: str, readiness: Readiness) -
             body = await readiness.status()
             return self.json(body, status=200 if body["ready"] else 503)
 
-    @app.timer(interval=max(5.0, settings.ready_cache_s))
+    @app.timer(interval=max(READY_REFRESH_S, settings.ready_cache_s))
     async def _readiness() -> None:
         try:
             await readiness.status()

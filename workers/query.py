@@ -142,7 +142,7 @@ def kafka_header(event: Any, name: str) -> str | None:
 def build(settings: Settings) -> tuple[faust.App, Runtime]:
     app, topics = create_app(settings, app_id=settings.query_app_id, web_port=settings.query_web_port,
                              web_host=settings.query_web_host)
-    runtime = Runtime(settings=settings, topics=topics)
+    runtime = Runtime(settings=settings, topics=topics, writes=False)
     scopes = scopes_of(settings)
     holder: dict[str, QueryService] = {}
     building = asyncio.Lock()

@@ -30,6 +30,9 @@ class Runtime:
     topics: Topics
     _deps: Deps | None = field(default=None)
     _sealer: Sealer | None = field(default=None)
+    writes: bool = True
+    """This process runs the write path: its deps say at start how free text will be decomposed (a query
+    process decomposes nothing, so it says nothing of the language model)."""
     durability: Durability = field(init=False)
 
     def __post_init__(self) -> None:
@@ -38,7 +41,7 @@ class Runtime:
     @property
     def deps(self) -> Deps:
         if self._deps is None:
-            self._deps = build_deps(self.settings, announce=True)
+            self._deps = build_deps(self.settings, announce=self.writes)
         return self._deps
 
     @property

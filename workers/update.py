@@ -30,7 +30,7 @@ Res = TypeVar("Res", bound=UpdateResult)
 
 
 OUTBOX_CLEAR_S = 0.2
-"""How often delivered outboxes are cleared (one Redis round trip for all of them)."""
+"""How long delivered outboxes gather before they are cleared (one Redis round trip for all of them)."""
 
 
 def _failed(task: str, exc: BaseException, delay: float) -> None:
@@ -45,6 +45,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     topics = runtime.topics
     pending: set[asyncio.Future[None]] = set()
     delivered: list[tuple[str, str]] = []  # outboxes whose transitions the broker confirmed, cleared in batches
+    to_clear = asyncio.Event()  # set while `delivered` holds outboxes
 
     async def _clear_when_delivered(futures: list[Any], patient_id: str, entry_id: str) -> None:
         try:
@@ -53,22 +54,30 @@ def register(app: faust.App, runtime: Runtime) -> Any:
             log.warning("transition delivery failed; outbox kept for republication")
             return
         delivered.append((patient_id, entry_id))
+        to_clear.set()
 
-    @app.timer(interval=OUTBOX_CLEAR_S)
+    @app.task
     async def clear_delivered_outboxes() -> None:
-        """Delete the outboxes of delivered transitions, many per Redis round trip, on the stage thread (never a
-        blocking Redis call on the event loop). Redis unreachable: kept for the next round; a worker stopped before
-        a round leaves them to be republished at its next start (same transition ids: consumers de-duplicate)."""
-        if not delivered:
-            return
-        batch = delivered[:]
-        del delivered[:len(batch)]
-        try:
-            await asyncio.get_running_loop().run_in_executor(
-                STAGE_THREAD, runtime.deps.states.clear_outboxes, batch)
-        except Exception as exc:  # noqa: BLE001 - the next round tries again; a bug is logged and alerted
-            delivered[:0] = batch
-            _failed("clear_outboxes", exc, OUTBOX_CLEAR_S)
+        """Delete the outboxes of delivered transitions, many per Redis round trip (those delivered within
+        OUTBOX_CLEAR_S of the first), on the stage thread (never a blocking Redis call on the event loop); with
+        none delivered it sleeps (no timer: an idle worker does not wake). Redis unreachable: kept for the next
+        round; a worker stopped before a round leaves them to be republished at its next start (same transition
+        ids: consumers de-duplicate)."""
+        while True:
+            await to_clear.wait()
+            await asyncio.sleep(OUTBOX_CLEAR_S)
+            to_clear.clear()
+            batch = delivered[:]
+            del delivered[:len(batch)]
+            if not batch:
+                continue
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    STAGE_THREAD, runtime.deps.states.clear_outboxes, batch)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again; a bug is logged and alerted
+                delivered[:0] = batch
+                to_clear.set()
+                _failed("clear_outboxes", exc, OUTBOX_CLEAR_S)
 
     @app.task
     async def republish_pending() -> None:
@@ -183,7 +192,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def update(stream: faust.StreamT[Any]) -> None:
         # Batches of whatever is waiting (up to update_batch, at most 20 ms apart): one Milvus upsert
         # per patient and one Redis transaction per batch instead of per entry.
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+        async for events in stream.take_batches(  # type: ignore[attr-defined]  # topology.batching.Stream
                 runtime.settings.update_batch, within=0.02):
             await _ready()
             await run_batch(events, stage="update", model=ImpactedEntry, fn=apply,
@@ -232,7 +241,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def delete(stream: faust.StreamT[Any]) -> None:
         """The deletion gate's orders (``stam deletion sweep``), applied by this stage, the single writer of
         patient state, as ``deleted`` transitions on the same outbox and topic as every other transition."""
-        async for events in stream.take_events(  # type: ignore[attr-defined]  # missing from StreamT stub
+        async for events in stream.take_batches(  # type: ignore[attr-defined]  # topology.batching.Stream
                 runtime.settings.update_batch, within=0.02):
             await _ready()
             await run_batch(events, stage="delete", model=DeletionOrder, fn=apply_deletions,

@@ -49,11 +49,11 @@ from stam.cli import (
     transitions,
     worker,
 )
-from stam.cli.common import load_settings
+from stam.cli.common import load_settings, one_line
 from stam.cli.transitions import _consume_transitions
 from stam.config import Settings
 
-__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "version"]
+__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
@@ -102,3 +102,91 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:  # a stack process down, or one that cannot start: one line, no traceback
         print(f"stam: {exc}", file=sys.stderr)
         return 3
+    except USERS_MISTAKES as exc:  # input or configuration the user gave, said by STAM on purpose
+        print(f"stam: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        given = given_path(exc, args)
+        if given is None:
+            raise  # a file the code expected: a bug, its traceback
+        missing, label = str(exc.filename), _label(args, given, sys.argv[1:] if argv is None else argv)
+        print(f"stam: {missing} not found ({label}{'' if missing == given else f' {given}'})", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        service = unreachable(exc)
+        if service is None:
+            raise  # a bug: its traceback
+        # A service named by STAM_* URLs that does not answer (a stack down, a wrong URL): one line, as a dead
+        # process of the embedded stack is.
+        print(f"stam: {service} unreachable ({type(exc).__name__}: {one_line(str(exc), 160)}); is it running "
+              "(`stam stack status`, or the STAM_* URLs)?", file=sys.stderr)
+        return 3
+
+
+def _users_mistakes() -> tuple[type[Exception], ...]:
+    from stam import errors
+
+    return (errors.SourceError, errors.InputRefused, errors.SourceConfigError, errors.TokenConfigError,
+            errors.KeyConfigError, errors.WeightsError, errors.ServeOptionError, errors.TrainingError,
+            errors.UnknownStage, errors.DeadLetterError)
+
+
+USERS_MISTAKES = _users_mistakes()
+"""STAM's errors that name a user's input or configuration (a data folder that is not MIMIC-IV, a key file that
+cannot be read, weights not installed...): one line, exit 2, when a command lets one through."""
+
+
+def _paths(args: argparse.Namespace) -> dict[str, str]:
+    """The command's arguments that may name files (given or defaulted): value -> option."""
+    from pathlib import Path
+
+    out: dict[str, str] = {}
+    for name, value in vars(args).items():
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(v, str | Path) and str(v):
+                out.setdefault(str(v), name.replace("_", "-"))
+    return out
+
+
+def given_path(exc: FileNotFoundError, args: argparse.Namespace) -> str | None:
+    """The argument (a file or a folder) that the missing file is, or is under; None when the command line named
+    neither (then the missing file is the code's business)."""
+    import os
+
+    if not exc.filename:
+        return None
+    missing = os.path.normpath(os.path.abspath(str(exc.filename)))
+    for value in _paths(args):
+        arg = os.path.normpath(os.path.abspath(value))
+        if missing == arg or missing.startswith(arg.rstrip(os.sep) + os.sep):
+            return value
+    return None
+
+
+def _label(args: argparse.Namespace, value: str, argv: list[str]) -> str:
+    """How the command line gave ``value``: ``--option``, the positional argument's name, or an option's default."""
+    name = _paths(args).get(value, "?")
+    if f"--{name}" in argv or any(a.startswith(f"--{name}=") for a in argv):
+        return f"--{name}"
+    return name if value in argv else f"the default of --{name}"
+
+
+def unreachable(exc: BaseException) -> str | None:
+    """The service ``exc`` says could not be reached (Redis, the broker, Milvus), or None: connection failures
+    only, not a server's refusal or a bug."""
+    import redis
+    from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
+    from pymilvus import MilvusException
+
+    if isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return "Redis"
+    if isinstance(exc, KafkaConnectionError | KafkaTimeoutError):
+        return "the broker"
+    if isinstance(exc, MilvusException) and (exc.code == MILVUS_CANNOT_CONNECT or "fail connecting" in
+                                             str(exc.message).lower()):
+        return "Milvus"
+    return None
+
+
+MILVUS_CANNOT_CONNECT = 2
+"""pymilvus's code for a server it could not connect to (``Fail connecting to server on HOST:PORT``)."""

@@ -6,28 +6,45 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from stam.config import Settings
 
+SERVICES = {"broker": ("broker_url", ("s3", "broker")), "redis": ("redis_url", ("redis",)),
+            "milvus": ("milvus_uri", ("milvus",))}
+"""What a command may need: the setting naming it, and the embedded stack's processes that serve it."""
 
-def load_settings() -> Settings:
-    """Settings from the environment, completed by the running embedded stack where env is silent."""
+
+def load_settings(needs: Iterable[str] = tuple(SERVICES)) -> Settings:
+    """Settings from the environment, completed by the running embedded stack where env is silent.
+
+    ``needs``: the services the command uses (broker, redis, milvus). One the environment does not name
+    (``STAM_BROKER_URL``, ``STAM_REDIS_URL``, ``STAM_MILVUS_URI``) must come from a stack recorded in the home;
+    where there is none this refuses (:class:`StackError`, one line) rather than fall back to a default address
+    or to a private store created in the home (an empty store answers "no memory for patient")."""
     from stam import stack
+    from stam.errors import StackError
 
     base = Settings()
+    given = {fld for fld, _ in SERVICES.values() if os.environ.get(f"STAM_{fld.upper()}")}
     # The processes whose URL the environment does not give must run: a dead one is named, never replaced by
     # a default address or a private store (StackError, one line).
-    needed = tuple(name for name, fld in (("s3", "broker_url"), ("broker", "broker_url"), ("redis", "redis_url"),
-                                          ("milvus", "milvus_uri")) if not os.environ.get(f"STAM_{fld.upper()}"))
+    needed = tuple(proc for fld, procs in SERVICES.values() if fld not in given for proc in procs)
     info = stack.require(base.home, needed)
     if info is None:
+        missing = [f"STAM_{SERVICES[n][0].upper()}" for n in SERVICES if n in needs and SERVICES[n][0] not in given]
+        if missing:
+            raise StackError(f"no stack in {base.home} (STAM_HOME) and {', '.join(missing)} "
+                             f"{'is' if len(missing) == 1 else 'are'} not set; run `stam stack up` first "
+                             "(or set them)")
         return base
     overrides: dict[str, Any] = {}
     for fld, value in (("broker_url", info.broker_url), ("redis_url", info.redis_url),
                        ("milvus_uri", info.milvus_uri)):
-        if not os.environ.get(f"STAM_{fld.upper()}"):
+        if fld not in given:
             overrides[fld] = value
     return base.model_copy(update=overrides)
 
@@ -43,7 +60,7 @@ def query_service(settings: Settings) -> Any:
     from workers.query import build_service
     from workers.runtime import Runtime
 
-    return build_service(settings, Runtime(settings=settings, topics=None))  # type: ignore[arg-type]
+    return build_service(settings, Runtime(settings=settings, topics=None, writes=False))  # type: ignore[arg-type]
 
 
 def one_line(text: str | None, width: int) -> str:
@@ -76,3 +93,26 @@ def add_replay_options(q: argparse.ArgumentParser, *, source: str) -> None:
     q.add_argument("--synthea", default="../shared/data/synthea-r4-bundles", help="folder of Synthea R4 bundles")
     q.add_argument("--subjects", help="comma-separated subject_ids / Synthea patient ids (default: all)")
     q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
+
+
+class LazyBar:
+    """A progress bar (tqdm, on stderr) drawn from the first progress reported: a command that stops before any
+    work (a missing folder, the stack down) says why in one line, with no empty bar before it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._bar: Any = None
+
+    def to(self, done: int) -> None:
+        """``done`` items in all so far (the progress callbacks' convention)."""
+        if self._bar is None:
+            if done <= 0:
+                return
+            from tqdm import tqdm
+
+            self._bar = tqdm(file=sys.stderr, **self._kwargs)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -14,6 +14,8 @@ from stam.cli.common import load_settings, one_line, table
 
 def cmd_deadletters(args: argparse.Namespace) -> int:
     """list|show|replay|dismiss: read the dead-letter topic from offset 0; act on one dead letter by its id."""
+    settings = load_settings(needs=("broker", "redis"))  # first: no stack, no imports of the stores
+
     import redis
     from aiokafka.errors import KafkaError
 
@@ -23,7 +25,6 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     from stam.stores.redis_state import RedisStateStore
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
-    settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     try:
         if args.action == "list":

@@ -140,7 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
-    settings = load_settings()
+    settings = load_settings(needs=("redis",) if args.dry_run else ("redis", "broker"))
     for name in ("pymilvus", "pymilvus.milvus_client"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)

@@ -22,10 +22,11 @@ async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
+
     from stam.compose import build_deps
     from stam.rebuild import rebuild
 
-    settings = load_settings()
     if _refuse_erased(settings, args.patient):
         return 1
     deps = build_deps(settings)
@@ -55,9 +56,10 @@ def _refuse_erased(settings: Settings, patient_id: str) -> bool:
 
 
 def cmd_erase(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
+
     from stam import erase
 
-    settings = load_settings()
     for name in ("pymilvus", "pymilvus.milvus_client"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     if not args.patient.strip():

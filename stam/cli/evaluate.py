@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import add_replay_options, emit_report, table
+from stam.cli.common import LazyBar, add_replay_options, emit_report, table
 from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam.eval.provenance import stamp
 from stam.sources.mimic import TABLES as MIMIC_TABLES
@@ -18,8 +18,6 @@ from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 def cmd_eval_state(args: argparse.Namespace) -> int:
     import tempfile
-
-    from tqdm import tqdm
 
     from stam.embedding import Embedder
     from stam.eval.state import VARIANTS, evaluate_mimic
@@ -34,11 +32,8 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
     embedder = Embedder()
     reports: list[dict[str, Any]] = []
     for variant in variants:
-        bar = tqdm(desc=f"replaying ({variant})", unit=" entries", file=sys.stderr, disable=args.quiet,
-                   mininterval=0.5)
-
-        def progress(n: int, bar: Any = bar) -> None:
-            bar.update(n - bar.n)
+        bar = LazyBar(desc=f"replaying ({variant})", unit=" entries", disable=args.quiet, mininterval=0.5)
+        progress = bar.to
 
         with tempfile.TemporaryDirectory(prefix="stam-eval-") as work:
             common: dict[str, Any] = {"variant": variant, "workdir": Path(work), "embedder": embedder,
@@ -76,8 +71,6 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
 def cmd_eval_qa(args: argparse.Namespace) -> int:
     import tempfile
 
-    from tqdm import tqdm
-
     from stam.eval.mimic_qa import balanced_sample, build_questions, read_jsonl
     from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
     from stam.read.reader import LocalReader, OpenAIReader
@@ -97,16 +90,10 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
                               timeout_s=600.0, max_tokens=64, system=READER_SYSTEM)
     elif args.reader_local:
         reader = LocalReader(args.reader_local, system=READER_SYSTEM)
-    bar = tqdm(desc="replaying", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
-
-    def progress(n: int) -> None:
-        bar.update(n - bar.n)
-
-    answers = tqdm(desc="answering", unit=" answers", file=sys.stderr, disable=args.quiet or reader is None,
-                   mininterval=1.0)
-
-    def answered(n: int) -> None:
-        answers.update(n - answers.n)
+    bar = LazyBar(desc="replaying", unit=" entries", disable=args.quiet, mininterval=0.5)
+    progress = bar.to
+    answers = LazyBar(desc="answering", unit=" answers", disable=args.quiet or reader is None, mininterval=1.0)
+    answered = answers.to
 
     gate = None
     if args.deletion_gate:

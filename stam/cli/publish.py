@@ -10,8 +10,8 @@ import signal
 import sys
 from typing import Any
 
-from stam.cli.common import load_settings
-from stam.publish import FORMATS
+from stam.cli.common import LazyBar, load_settings
+from stam.sources.base import format_names
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 
@@ -40,20 +40,18 @@ async def _until_interrupted(work: Any) -> bool:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker",))  # first: no stack, no imports of the stores
+
     from aiokafka.errors import KafkaError
-    from tqdm import tqdm
 
     from stam.errors import InputRefused, SourceConfigError
     from stam.integrity import source_keys
     from stam.publish import PublishSummary, publish_paths, report
 
-    settings = load_settings()
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     logging.getLogger("stam.publish").setLevel(logging.INFO)  # the run's counts, one line at the end (report)
-    bar = tqdm(desc="publishing", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
-
-    def progress(n: int) -> None:
-        bar.update(n - bar.n)
+    bar = LazyBar(desc="publishing", unit=" entries", disable=args.quiet, mininterval=0.5)
+    progress, close_bar = bar.to, bar.close
 
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
@@ -68,28 +66,28 @@ def cmd_publish(args: argparse.Namespace) -> int:
         if interrupted:
             raise KeyboardInterrupt
     except SourceConfigError as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: {exc}", file=sys.stderr)
         return 2
     except InputRefused as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: {exc}; nothing was sent", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        bar.close()
+        close_bar()
         print(f"stam publish: interrupted after {summary.sent} entries sent ({summary.dead_lettered} "
               "dead-lettered); re-running the same command is safe: entry ids are deterministic and the workers "
               "skip entries already applied", file=sys.stderr)
         report(settings, summary, "interrupted", log_line=False)  # the line above has the counts
         return 130
     except (KafkaError, OSError) as exc:
-        bar.close()
+        close_bar()
         print(f"stam publish: cannot reach the broker at {settings.broker_url} ({type(exc).__name__}); "
               f"{summary.sent} entries sent. Is the stack up (stam stack status)?", file=sys.stderr)
         report(settings, summary, "broker_unreachable", log_line=False)
         return 1
     finally:
-        bar.close()
+        close_bar()
     print(json.dumps(summary.as_dict()))
     report(settings, summary, "ok" if summary.dead_lettered == 0 else "dead_lettered")
     return 0 if summary.dead_lettered == 0 else 2
@@ -108,7 +106,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "characters); input over them is dead-lettered.")
     p.add_argument("paths", nargs="+", help="bundle files, folders of *.json bundles, *.ndjson files or "
                    "bulk-export folders, .hl7 files or folders of them, a MIMIC-IV folder (with hosp/, icu/)")
-    p.add_argument("--format", choices=list(FORMATS), default="auto",
+    # stam.publish.FORMATS, without importing the publisher (and its stores) to build the parser: every
+    # command, `stam --help` too, builds it
+    p.add_argument("--format", choices=["auto", *format_names()], default="auto",
                    help="input format (default: detected per path)")
     p.add_argument("--rate", type=float, default=None, help="entries per second (default: unlimited)")
     p.add_argument("--subjects", default=None, help="MIMIC-IV: comma-separated subject_ids (default: all)")

@@ -15,10 +15,11 @@ from stam.cli.common import load_settings, query_service
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
+
     from stam.errors import PortInUse
     from workers.query import run
 
-    settings = load_settings()
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
     try:
         run(settings, loglevel=args.loglevel)
@@ -32,7 +33,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from stam.errors import TokenConfigError
     from stam.read.scopes import new_token
 
-    settings = load_settings()
+    settings = load_settings(needs=())
     path = Path(args.file) if args.file else settings.query_tokens_file or settings.home / "query-tokens.json"
     try:
         token = new_token(path, args.name, args.role, args.patient)
@@ -50,7 +51,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from schemas.query import GateMode, QueryRequest
 
-    settings = load_settings()
+    # The stores; the transition log (the broker) only for --as-of-version.
+    settings = load_settings(needs=("redis", "milvus") + (("broker",) if args.as_of_version is not None else ()))
     as_of = None
     if args.as_of:
         try:
@@ -104,12 +106,13 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("redis", "milvus"))  # first: no stack, no imports of the stores
+
     from pathlib import Path
 
     from stam.read.calibrate import labelled_set, load_set, replay
     from stam.read.gate import calibrate, write_gate_file
 
-    settings = load_settings()
     service = query_service(settings)
     if args.action == "build-set":
         patients = args.patients.split(",") if args.patients else service.states.patients()

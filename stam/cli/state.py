@@ -10,12 +10,13 @@ from stam.cli.common import load_settings
 
 
 def cmd_state(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("redis",))  # first: no stack, no imports of the stores
+
     from stam.compose import redis_client
     from stam.deadletters import gap_line
     from stam.export import export_state, render_text
     from stam.stores.redis_state import RedisStateStore
 
-    settings = load_settings()
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     state = states.load(args.patient)
     gaps = states.gaps(args.patient)

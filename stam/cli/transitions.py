@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
 from typing import Any
 
@@ -51,7 +52,11 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
         t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
         **kafka_client_kwargs(settings), auto_offset_reset="earliest", enable_auto_commit=False,
         group_id=None)
-    await consumer.start()
+    try:
+        await consumer.start()
+    except BaseException:
+        await consumer.stop()  # an unreachable broker: no "Unclosed AIOKafkaConsumer" at exit
+        raise
     counts: dict[str, int] = {"transitions": 0, "dead_letters": 0, "entries_done": 0}
     texts: dict[str, str] = {}
     seen: set[str] = set()
@@ -95,7 +100,8 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
 
 
 def cmd_transitions(args: argparse.Namespace) -> int:
-    settings = load_settings()
+    settings = load_settings(needs=("broker",))
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line (stam.cli)
     counts = asyncio.run(_consume_transitions(settings, until_entries=None, timeout=args.seconds,
                                               show=True, show_added=True))
     print(json.dumps(counts))

@@ -17,7 +17,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except UnknownStage as exc:
         print(f"stam worker: {exc}", file=sys.stderr)
         return 2
-    settings = load_settings()
+    settings = load_settings(needs=("broker", "redis", "milvus"))
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
     try:
         run(settings, loglevel=args.loglevel, stages=stages)

@@ -68,6 +68,11 @@ class VectorStore(ABC):
     def flush(self) -> None:  # noqa: B027 - optional hook, a no-op where writes are visible at once
         """Make recent writes cheap to search (Milvus seals growing segments)."""
 
+    def flush_own_writes(self) -> None:
+        """:meth:`flush` when this client has written since its last flush, else nothing (a worker's periodic
+        seal: an idle worker makes no call)."""
+        self.flush()
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the connection."""
 

@@ -51,11 +51,33 @@ def _scope(patient_id: str, store: Store) -> str:
     return f"{_patient_filter(patient_id)} and store == {literal(store.value)}"
 
 
+class _LiteLacksAllocTimestamp(logging.Filter):
+    """Milvus Lite's in-process gRPC server does not implement ``AllocTimestamp``, which pymilvus calls while it
+    waits for a new collection's index; grpc logs the servicer's NotImplementedError with a traceback at ERROR,
+    and pymilvus goes on without the timestamp (the collection is created and used as usual). That record, and
+    only that one, is dropped: it reported nothing that failed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, NotImplementedError):
+            return True
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        return tb is None or tb.tb_frame.f_code.co_name != "AllocTimestamp"
+
+
+_LITE_FILTER = _LiteLacksAllocTimestamp()
+
+
 class MilvusVectorStore(VectorStore):
     def __init__(self, uri: str, *, dim: int, prefix: str = "stam", token: str = "") -> None:
+        if uri.endswith(".db"):  # Milvus Lite in this process: its gRPC server logs here
+            logging.getLogger("grpc._server").addFilter(_LITE_FILTER)  # once: a filter is kept once per logger
         self._client = MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
         self._dim = dim
         self._name = f"{prefix}_memories"
+        self._written = True  # since the last flush (a new client: what an earlier one wrote may be unsealed)
         self._ensure(self._name)
 
     def _ensure(self, name: str) -> None:
@@ -91,6 +113,7 @@ class MilvusVectorStore(VectorStore):
     def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return
+        self._written = True
         self._client.upsert(self._name, [
             {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
              "vector": r.vector.tolist()}
@@ -141,6 +164,7 @@ class MilvusVectorStore(VectorStore):
     def delete(self, patient_id: str, memory_ids: Sequence[str]) -> int:
         gone = 0
         ids = list(dict.fromkeys(memory_ids))
+        self._written = True
         for lo in range(0, len(ids), 1000):
             expr = f"{_patient_filter(patient_id)} and memory_id in {json.dumps(ids[lo: lo + 1000])}"
             res = self._client.delete(self._name, filter=expr)
@@ -148,11 +172,17 @@ class MilvusVectorStore(VectorStore):
         return gone
 
     def erase_patient(self, patient_id: str) -> int:
+        self._written = True
         res = self._client.delete(self._name, filter=_patient_filter(patient_id))
         return int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
 
     def flush(self) -> None:
         self._client.flush(self._name)
+        self._written = False
+
+    def flush_own_writes(self) -> None:
+        if self._written:
+            self.flush()
 
     def close(self) -> None:
         self._client.close()

@@ -130,6 +130,9 @@ class VectorProjection(VectorStore):
     def flush(self) -> None:
         self.backing.flush()
 
+    def flush_own_writes(self) -> None:
+        self.backing.flush_own_writes()
+
     def close(self) -> None:
         self.backing.close()
 

