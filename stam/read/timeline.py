@@ -116,6 +116,8 @@ class Timeline:
     index: dict[str, int] = field(default_factory=dict)
     encounter: tuple[str | None, ...] = ()
     """The encounter each memory belongs to (``Encounter/<hadm_id>``), None for none."""
+    value_text: tuple[str | None, ...] = ()
+    """A value that is not a number (a sex, a care unit, an organism), its first characters."""
     vectors: np.ndarray | None = None
     """Distinct unit vectors (rows); ``vec_row[i]`` is memory i's row. Filled by :meth:`attach_vectors`."""
     vec_row: np.ndarray | None = None
@@ -144,8 +146,8 @@ class Timeline:
         if n == 0:
             return cls._empty(patient_id, version)
         (mids, pids, entries, positions_in, categories, sources, concepts, displays, units, dosages, values, starts,
-         ends, in_hists, evidences, successors, reasons_in, embed_keys_in, ended_ats, encounters) = zip(*rows_in,
-                                                                                                     strict=True)
+         ends, in_hists, evidences, successors, reasons_in, embed_keys_in, ended_ats, encounters,
+         value_texts) = zip(*rows_in, strict=True)
         if any(p != patient_id for p in pids):
             other = next(m for m, p in zip(mids, pids, strict=True) if p != patient_id)
             raise IsolationBreach(f"memory {other} of another patient in this patient's records")
@@ -215,7 +217,8 @@ class Timeline:
                    display=interned(displays), unit=interned(units), dosage=interned(dosages), value=value,
                    t_start=t_start, t_end=t_end, t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid,
                    covered=covered, reason=reason, thread=threads(concept, positions, succ),
-                   embed_keys=col(embed_keys_in), index=index, encounter=interned(encounters))
+                   embed_keys=col(embed_keys_in), index=index, encounter=interned(encounters),
+                   value_text=col(value_texts))
 
     @classmethod
     def _empty(cls, patient_id: str, version: int) -> Timeline:
@@ -224,7 +227,7 @@ class Timeline:
         return cls(patient_id=patient_id, version=version, ids=(), entry_ids=(), category=(), source=(), resource=(),
                    concept=(), display=(), unit=(), dosage=(), value=f, t_start=f, t_end=f, t_add=f,
                    kind=np.zeros(0, dtype=np.int8), t_ended=f, succ=i32, evid=i32, covered=np.zeros(0, dtype=bool),
-                   reason=(), thread=i32, embed_keys=(), index={}, encounter=())
+                   reason=(), thread=i32, embed_keys=(), index={}, encounter=(), value_text=())
 
     def attach_vectors(self, keys: Sequence[str], matrix: np.ndarray) -> None:
         """Distinct vectors by embed key (rows of ``matrix``, in the order of ``keys``); normalised here."""
