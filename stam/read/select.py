@@ -255,14 +255,22 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         return _Ranked(float(total[k]), th, full, core, bool(current[k]))
 
     named, name = _named([ranked_at(seg_of[th]) for th in matched], idx, served)
+    accepted: frozenset[frozenset[str]] = frozenset({name}) if name is not None else frozenset()
+    if named and name is not None and intent.kind in ("active", "changed_into"):
+        # An order goes by the drug's name and more ("LR (IV therapy: IV fluids)", "HYDROmorphone (Dilaudid)"): the
+        # threads whose core name is the name the question used, or its core, are the same drug's.
+        cores = {core for th in named for full, core in idx.names[th] if name in (full, core)}
+        named += [th for th, (full, core) in matched.items() if th not in named
+                  and (core == name or full == name or core in cores)]
+        accepted = frozenset({name, *cores})
     if not named and (intent.kind in ("started", "stopped") or (intent.kind == "active" and intent.medications)):
         return _orders_by_time(tl, idx, view, intent, k_threads)
     if named and intent.kind == "active":
         # "Is X current": the named concept's threads at T; when none of them holds a current fact, HISTORY is
         # opened whatever the gate said, to show when and why the last one ended.
-        return _is_current(tl, idx, view, intent, named, name)
+        return _is_current(tl, idx, view, intent, named, accepted)
     if named and intent.kind == "changed_into":
-        chosen = _changed_into(tl, idx, view, intent, named, name)
+        chosen = _changed_into(tl, idx, view, intent, named, accepted)
         if chosen is not None:
             return chosen
     if named and intent.scope == "first" and intent.scope_of == "order":
@@ -402,6 +410,12 @@ def _end_time(tl: Timeline, i: int) -> float:
     return float(tl.t_ended[i]) if math.isfinite(tl.t_ended[i]) else float(tl.t_start[i])
 
 
+def _ended_time(tl: Timeline, i: int) -> float:
+    """When a memory stopped holding: its end, and no later than its encounter's end when it ends with it (a
+    pharmacy stop recorded after the discharge did not hold past the discharge)."""
+    return min(_end_time(tl, i), float(tl.enc_end[i]))
+
+
 def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, k_threads: int) -> Selection:
     """Medication-order threads by when their current order started (``started``, ``active``) or by when an order
     was discontinued or changed (``stopped``), at the view's time."""
@@ -455,11 +469,11 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
 
 
 def _named_orders(tl: Timeline, idx: ThreadIndex, view: View, named: Sequence[int],
-                  name_words_: frozenset[str] | None) -> list[int]:
-    """The present medication-order versions of the named threads that go by the question's name (a thread may
-    hold the order it was changed into, under another name)."""
+                  names: frozenset[frozenset[str]]) -> list[int]:
+    """The present medication-order versions of the named threads that go by one of ``names`` (the question's
+    name, or its core: a thread may hold the order it was changed into, under another name)."""
     return [int(i) for th in named for i in idx.members[th] if view.present[i] and idx.is_order[i]
-            and (name_words_ is None or name_words_ in name_words(tl.display[int(i)]))]
+            and any(n in names for n in name_words(tl.display[int(i)]))]
 
 
 def _versions(tl: Timeline, view: View, members: Sequence[int] | np.ndarray, sources: set[str]) -> list[int]:
@@ -495,12 +509,12 @@ def _why(tl: Timeline, view: View, i: int, stay_of_end: str | None) -> str:
 
 
 def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
-                name_words_: frozenset[str] | None) -> Selection:
+                names: frozenset[frozenset[str]]) -> Selection:
     """Is the named concept current at the view: its orders (or, when it has none, its facts that are not events).
     Yes: the current ones with their versions. No: the one(s) that ended last, with what ended them (the discharge
     record, the order that discontinued or replaced them)."""
     members = [int(i) for th in named for i in idx.members[th] if view.present[i]]
-    cands = _named_orders(tl, idx, view, named, name_words_)
+    cands = _named_orders(tl, idx, view, named, names)
     if not cands:
         cands = [i for i in members if tl.reason[i] != Reason.EVENT]
     if not cands:
@@ -516,12 +530,13 @@ def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, name
         fact = Fact("active", f"{name}, an order active{upto} (one started {_at(tl, latest)}{open_end}): yes",
                     (tl.ids[latest],))
         return Selection(picks_by_thread(tl, served, "order"), [fact], list(named))
-    last_t = max(_end_time(tl, i) for i in cands)
-    lasts = [i for i in cands if _end_time(tl, i) == last_t]
+    last_t = max(_ended_time(tl, i) for i in cands)
+    lasts = [i for i in cands if _ended_time(tl, i) == last_t]
     units = {tl.source[i] or tl.ids[i] for i in lasts}
     served = _versions(tl, view, members, units)
     enders = _ended_by(tl, view, lasts)
-    last = max(lasts, key=lambda i: (tl.t_start[i], tl.ids[i]))
+    # What ended the last one: the lifecycle's record (a discharge) when it ended it, else its newest version.
+    last = max(lasts, key=lambda i: (tl.reason[i] == Reason.ENCOUNTER_ENDED, tl.t_start[i], tl.ids[i]))
     first = min(served, key=lambda i: (tl.t_start[i], tl.ids[i]))
     stay_end = None
     if tl.reason[last] == Reason.ENCOUNTER_ENDED and tl.encounter[last]:
@@ -547,11 +562,11 @@ def picks_by_thread(tl: Timeline, members: Sequence[int], role: str) -> list[Pic
 
 
 def _changed_into(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
-                  name_words_: frozenset[str] | None) -> Selection | None:
+                  names: frozenset[frozenset[str]]) -> Selection | None:
     """What the named order was changed into: the order the question names (by its time: "the X order of <T>";
     else the one changed most recently), followed along its own successor link; None when the named threads hold
     no order."""
-    orders = _named_orders(tl, idx, view, named, name_words_)
+    orders = _named_orders(tl, idx, view, named, names)
     if not orders:
         return None
     members = [int(i) for th in named for i in idx.members[th]]
@@ -605,7 +620,8 @@ def _changed_into(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, na
 def _order_window(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
                   name_words_: frozenset[str] | None) -> Intent:
     """"Within the first day of the prescription": the window from the named drug's latest order's start."""
-    orders = [i for i in _named_orders(tl, idx, view, named, name_words_) if tl.t_start[i] <= view.at]
+    orders = [i for i in _named_orders(tl, idx, view, named, frozenset({name_words_}) if name_words_ else
+                                       frozenset()) if tl.t_start[i] <= view.at]
     if not orders:
         return intent
     latest = max(orders, key=lambda i: (tl.t_start[i], tl.ids[i]))
