@@ -358,7 +358,7 @@ def parse(question: str, now: datetime | None = None) -> Intent:
         # "the X order of <time>": the time names which order, not the point to look from
         about, at, start, end = at, None, None, None
     category = next((c for c, pat in _CATEGORIES if pat.search(question)), None)
-    if scope == "discharge" and (kind == "current" and _DISCHARGE_CHANGES.search(text)
+    if scope == "discharge" and (kind in ("current", "change") and _DISCHARGE_CHANGES.search(text)
                                  or kind == "active" and category == "medication"):
         kind, cue = "discharge", scope_text  # "what changed at discharge", "which orders were still active then"
     return Intent(kind=kind, cue=cue, at=at if isinstance(at, datetime) else None, about=about,

@@ -294,7 +294,8 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         if pick.members:
             picks.append(pick)
     facts: list[Fact] = []
-    if named and picks:
+    if named and picks and (intent.kind in ORDER_KINDS or picks[0].thread in first):
+        # (a named thread with nothing in the question's window has no pick: no statement about another thread)
         fact = (_order_fact(tl, view, [p for p in picks if p.thread in first], intent, name)
                 if intent.kind in ORDER_KINDS else _value_fact(tl, view, picks[0], intent))
         if fact is not None:

@@ -48,16 +48,17 @@ from schemas.query import (
     QueryAnswer,
     QueryRequest,
     RecordGap,
+    Visibility,
 )
 from stam.cache import LRU
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
 from stam.read.asof import state_at_version
-from stam.read.encounters import resolve
+from stam.read.encounters import Stay, resolve
 from stam.read.failures import classify, failed_answer
 from stam.read.gate import StoreGate
-from stam.read.intent import parse
+from stam.read.intent import Intent, parse
 from stam.read.reader import Reader
 from stam.read.render import header, render_block, render_packet
 from stam.read.select import Pick, ThreadIndex, select
@@ -198,20 +199,7 @@ class QueryService:
         gap = gap_line(gaps)
         if len(tl) == 0:
             raise QueryError(f"no memory for patient {req.patient_id!r}" + (f" ({gap})" if gap else ""))
-        clock = req.as_of or tl.latest_time()
-        intent = parse(req.question, clock)
-        at = req.as_of
-        if intent.at is not None and (at is None or intent.at < at):
-            at = intent.at
-        view = tl.view(at, req.visibility)
-        # The encounter current at the question's time; a scope the question names ("this admission", "at hour N of
-        # the stay", "at discharge") is resolved against it, and may move the time the state is read at.
-        stay = idx.encounters.at(tl, view) if len(idx.encounters) else None
-        if stay is not None and intent.scope is not None:
-            intent = resolve(intent, stay)
-            if intent.at is not None and (at is None or intent.at < at):
-                at = intent.at
-                view = tl.view(at, req.visibility)
+        intent, at, view, stay = read_plan(tl, idx, req.question, req.as_of, req.visibility)
         top = header(req.as_of, req.as_of_version, at) + (f"\n({gap})" if gap else "")
         if stay is not None:
             over = stay.ended and (at is None or stay.end <= at.timestamp())
@@ -331,6 +319,27 @@ class QueryService:
         return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=True, packet=packet,
                            answer=text, reader=reader, note=note, answered_at=datetime.now(UTC),
                            latency_ms=_ms(started))
+
+
+def read_plan(tl: Timeline, idx: ThreadIndex, question: str, as_of: datetime | None,
+              visibility: Visibility | None) -> tuple[Intent, datetime | None, View, Stay | None]:
+    """What the question asks and of which state: its intent (times resolved against the patient's clinical clock,
+    ``as_of`` or the latest time in the record), the clinical time to read the state at (``as_of``, or an earlier
+    time the question names), the view there, and the encounter current then. A scope the question names ("this
+    admission", "at hour N of the stay", "at discharge") is resolved against that encounter, and may move the time
+    the state is read at."""
+    intent = parse(question, as_of or tl.latest_time())
+    at = as_of
+    if intent.at is not None and (at is None or intent.at < at):
+        at = intent.at
+    view = tl.view(at, visibility)
+    stay = idx.encounters.at(tl, view) if len(idx.encounters) else None
+    if stay is not None and intent.scope is not None:
+        intent = resolve(intent, stay)
+        if intent.at is not None and (at is None or intent.at < at):
+            at = intent.at
+            view = tl.view(at, visibility)
+    return intent, at, view, stay
 
 
 _gc_lock = Lock()
