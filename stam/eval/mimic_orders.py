@@ -237,6 +237,12 @@ class Orders:
                         out.append((r.start, end, o))
         return sorted(out, key=lambda x: (x[0], x[2].ref))
 
+    def starts(self, name: str) -> list[datetime]:
+        """When the drug's orders begin, active or unclear (an order placed, not yet dispensed)."""
+        out = {s for s, _, _ in self.spans(name)}
+        out |= {a for o in self.by_name.get(name, []) for a, _ in o.unclear}
+        return sorted(out)
+
     def active_at(self, t: datetime) -> list[tuple[Order, Version]]:
         """Every order active at ``t`` by its published version (see :meth:`published`)."""
         return [(o, v) for o in self.orders if (v := self.published(o, t)) is not None]

@@ -630,7 +630,7 @@ class _Templates:
                 stop = end if end is not None else cap[0] if cap else None
                 if stop is None:
                     continue
-                nxt = min((s for s, _, _ in spans if s > stop), default=None)
+                nxt = min((s for s in self.rows.orders.starts(key) if s > stop), default=None)
                 out += [t for t in (_inside(start, stop),
                                     _inside(stop, min(x for x in (nxt, cap[0] if cap else None) if x is not None))
                                     if cap is not None and stop < cap[0] else None) if t is not None]
@@ -651,7 +651,7 @@ class _Templates:
                 stop = end if end is not None else cap[0] if cap else None
                 if stop is None:
                     continue
-                nxt = min((s for s, _, _ in spans if s > stop), default=None)
+                nxt = min((s for s in self.rows.orders.starts(key) if s > stop), default=None)
                 out.append(_inside(start, stop))
                 if cap is not None and stop < cap[0]:
                     out.append(_inside(stop, min(x for x in (nxt, cap[0]) if x is not None)))
