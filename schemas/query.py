@@ -134,6 +134,8 @@ class EvidenceItem(WireModel):
     dosage: str | None = None
     ended_at: AwareDatetime | None = Field(default=None, description="Clinical time of the evidence that ended "
                                            "it (HISTORY items)")
+    encounter: str | None = Field(default=None, description="The encounter the memory belongs to ('Encounter/<id>'), "
+                                  "None for none")
 
 
 class ComputedFact(WireModel):

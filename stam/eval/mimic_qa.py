@@ -96,21 +96,25 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from stam.errors import SourceError
-from stam.sources.mimic import _PHARMACY_STATUS, SOURCE, _Builder, is_mimic_root
+from stam.eval.mimic_orders import NEAR, Orders, RowsIn, drug_key
+from stam.eval.mimic_orders import build as build_orders
+from stam.eval.mimic_orders import ended_by as ended_by_poe
+from stam.sources.mimic import _PHARMACY_STATUS, SAME_ACT, SOURCE, _Builder, is_mimic_root
 
 __all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "balanced_sample", "build_questions", "read_jsonl", "split_of",
            "write_jsonl"]
 
 QTYPES: tuple[str, ...] = ("first_value", "last_value", "previous_value", "change_since_first", "min_value",
                            "max_value", "value_at_time", "current_medication", "drug_active_at",
-                           "discontinued_medication", "order_changed_into", "count")
-PER_PATIENT = 18  # questions per patient by default: 1.5 per template (see the module docstring)
+                           "discontinued_medication", "order_changed_into", "count", "currently_receiving",
+                           "discharge_changes", "first_day", "hour_n", "billed_diagnoses", "age")
+PER_PATIENT = 27  # questions per patient by default: 1.5 per template (see the module docstring)
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 # Pharmacy statuses that mean the order was stopped before running its course (the loader's "stopped").
 _DISCONTINUED = frozenset(k for k, v in _PHARMACY_STATUS.items() if v == "stopped")
@@ -211,38 +215,12 @@ class _Lab:
 
 
 @dataclass(frozen=True)
-class _Order:
-    """A pharmacy order (key = pharmacy_id) as the loader publishes it: active over [start, end) when ``end`` is
-    set; or a POE medication order (key = poe_id) from its ordertime to the ordertime of the order that ended it."""
-
-    key: str
-    name: str
-    start: datetime
-    end: datetime | None
-
-
-@dataclass(frozen=True)
 class _Stop:
     """A medication order discontinued (or changed) at ``time``; ``name`` "" when the published rows name no drug."""
 
     time: datetime
     name: str
     evidence: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class _Span:
-    """When a medication order of ``name`` is active in the published rows: over [start, end) with the entries
-    that open (``opened``) and end (``closed``) it when ``clear``; when not ``clear``, the published rows leave
-    its state unclear from ``start`` (to ``end`` when set, else for good) and no drug_active_at question of that
-    drug is asked in that time."""
-
-    name: str
-    start: datetime
-    end: datetime | None
-    opened: tuple[str, ...]
-    closed: tuple[str, ...]
-    clear: bool
 
 
 @dataclass(frozen=True)
@@ -269,31 +247,34 @@ class _Dose:
 
 
 @dataclass(frozen=True)
-class _Version:
-    """One published entry of a medication order (``ref``: the POE order, or the pharmacy order without one):
-    the POE row, a pharmacy ``:start``/``:stop`` or single entry; ``rank`` orders entries of one time as the
-    loader does (POE before pharmacy, then row order). ``name`` is the drug it names ("" for none)."""
+class _Stay:
+    """An admission: its times, where the patient went, and the entries of its admission and discharge."""
 
-    ref: str
-    time: datetime
-    rank: tuple[int, int]
-    active: bool
-    name: str
+    hadm: str
+    admit: datetime
+    discharge: datetime | None
+    location: str
+
+    @property
+    def admitted(self) -> str:
+        return f"{SOURCE}:admissions:{self.hadm}"
+
+    @property
+    def discharged(self) -> str:
+        return f"{SOURCE}:admissions:{self.hadm}:discharge"
 
 
 @dataclass
 class _Patient:
     labs: dict[str, list[_Lab]]
     admissions: list[tuple[datetime, str]]
-    orders: list[_Order]
-    poe_orders: list[_Order]
+    orders: Orders
     stops: list[_Stop]
-    spans: list[_Span]
     changes: list[_Change]
-    versions: list[_Version]
-    ref_ends: dict[str, list[datetime]]  # each order's end times by a POE 'Change' / 'D/C' naming it
-    stays: list[tuple[datetime, datetime]]  # admissions: (admittime, dischtime)
+    stays: list[_Stay]  # by admittime
     doses: dict[str, list[_Dose]]  # each POE order's pharmacy rows (file order)
+    diagnoses: dict[str, list[str]]  # each admission's diagnoses_icd entries (hadm_id -> entry ids)
+    age: tuple[float, float] | None  # (anchor_age, anchor_year)
 
 
 def _main(names: list[tuple[int, str, str]]) -> tuple[int, str, str]:
@@ -304,19 +285,6 @@ def _main(names: list[tuple[int, str, str]]) -> tuple[int, str, str]:
 def _drug(names: list[tuple[int, str, str]]) -> str:
     """The loader's drug name of an order (the drug of its :func:`_main` prescription)."""
     return _main(names)[2].strip()
-
-
-def _pharmacy_versions(ref: str, n: int, name: str, start: datetime, stoptime: str, status: str,
-                       ended: datetime | None) -> list[_Version]:
-    """The entries the loader publishes for one pharmacy row (``ended``: the time of the POE row that ended its
-    order, if any): one entry, or ``:start`` and ``:stop``."""
-    final = _PHARMACY_STATUS.get(status)
-    if ended is not None:  # ':start' only, or one stopped entry when discontinued before it started
-        return [_Version(ref, start, (1, 2 * n), ended > start, name)]
-    if not stoptime or final is None:
-        return [_Version(ref, start, (1, 2 * n), final is None, name)]
-    return [_Version(ref, start, (1, 2 * n), True, name),
-            _Version(ref, max(_t(stoptime), start), (1, 2 * n + 1), False, name)]
 
 
 def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], dict[str, str]]:
@@ -332,126 +300,101 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
             continue
         labs[subject][itemid].append(_Lab(lid, itemid, _t(charttime), valuenum.strip(), unit.strip()))
     admissions: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
-    stays: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
-    for subject, hadm, admittime, dischtime in _columns(root, "admissions", ("subject_id", "hadm_id", "admittime",
-                                                                             "dischtime"), subjects):
+    stays: dict[str, list[_Stay]] = defaultdict(list)
+    for subject, hadm, admittime, dischtime, location in _columns(
+            root, "admissions", ("subject_id", "hadm_id", "admittime", "dischtime", "discharge_location"), subjects):
         if _readable(admittime):
             admissions[subject].append((_t(admittime), hadm))
-            if dischtime and _readable(dischtime):
-                stays[subject].append((_t(admittime), _t(dischtime)))
+            end = _t(dischtime) if dischtime and _readable(dischtime) else None
+            if end is None or end >= _t(admittime):
+                stays[subject].append(_Stay(hadm, _t(admittime), end, location.strip()))
+    discharge = {subject: {s.hadm: (s.discharge, s.discharged) for s in ss if s.discharge is not None}
+                 for subject, ss in stays.items()}
+    diagnoses: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    known = {s.hadm for ss in stays.values() for s in ss}
+    for subject, hadm, seq, version in _columns(root, "diagnoses_icd", ("subject_id", "hadm_id", "seq_num",
+                                                                        "icd_version"), subjects):
+        if hadm in known and version in ("9", "10"):
+            diagnoses[subject][hadm].append(f"{SOURCE}:diagnoses_icd:{hadm}:{seq}")
+    ages = {subject: (float(age), float(year)) for subject, age, year in _columns(
+        root, "patients", ("subject_id", "anchor_age", "anchor_year"), subjects) if age and year}
 
     # Drug names, the way the loader names orders (file order kept as the first tuple element).
     rx_by_pharmacy: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     rx_by_poe: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
     rx_dose: dict[int, dict[str, str]] = {}  # each prescription's dose and route (by file position)
-    for n, (pid, poe_id, kind, drug, dose, unit, route) in enumerate(_columns(
-            root, "prescriptions", ("pharmacy_id", "poe_id", "drug_type", "drug", "dose_val_rx", "dose_unit_rx",
-                                    "route"), subjects)):
+    rx_rows: list[tuple[str, ...]] = []
+    for n, (subject, pid, poe_id, kind, drug, dose, unit, route, rx_start, rx_stop, hadm) in enumerate(_columns(
+            root, "prescriptions", ("subject_id", "pharmacy_id", "poe_id", "drug_type", "drug", "dose_val_rx",
+                                    "dose_unit_rx", "route", "starttime", "stoptime", "hadm_id"), subjects)):
         if pid:
             rx_by_pharmacy[pid].append((n, kind, drug))
             rx_dose[n] = {"dose_val_rx": dose, "dose_unit_rx": unit, "route": route}
         if poe_id:
             rx_by_poe[poe_id].append((n, kind, drug))
+        rx_rows.append((subject, pid, drug, rx_start, rx_stop, hadm))
     emar_med = {poe_id: med for poe_id, med in _columns(root, "emar", ("poe_id", "medication"), subjects) if poe_id}
     pharmacy = list(_columns(root, "pharmacy", ("subject_id", "pharmacy_id", "poe_id", "starttime", "entertime",
-                                                 "stoptime", "status", "medication", "route", "frequency"), subjects))
+                                                 "stoptime", "status", "medication", "route", "frequency", "hadm_id"),
+                             subjects))
     pharmacy_med = {r[2]: r[7] for r in pharmacy if r[2]}  # the last pharmacy row of an order, as the loader
+    pharmacy_ids = {r[1] for r in pharmacy}
 
-    # POE: which order ended which (the loader's rule: discontinued_by_poe_id, overridden by the
-    # discontinue_of_poe_id of each Change / D/C row in file order), and how many rows ended each order.
     poe: dict[str, tuple[str, ...]] = {}
     for r in _columns(root, "poe", ("poe_id", "subject_id", "ordertime", "order_type", "transaction_type",
-                                    "discontinue_of_poe_id", "discontinued_by_poe_id"), subjects):
+                                    "discontinue_of_poe_id", "discontinued_by_poe_id", "hadm_id"), subjects):
         if _readable(r[2]):
             poe[r[0]] = r
-    ended_by: dict[str, str] = {}
-    for pid, _, _, _, _, _, by in poe.values():
-        if by and by in poe:
-            ended_by.setdefault(pid, by)
+    ended_by = ended_by_poe(poe)
     enders: Counter[str] = Counter()
-    for pid, _, _, _, tx, of, _ in poe.values():
+    for _pid, _, _, _, tx, of, _, _ in poe.values():
         if of and tx in ("Change", "D/C"):
-            ended_by[of] = pid
             enders[of] += 1
-
-    orders: dict[str, list[_Order]] = defaultdict(list)
-    stops: dict[str, list[_Stop]] = defaultdict(list)
-    spans: dict[str, list[_Span]] = defaultdict(list)
-    first_start: dict[str, datetime] = {}  # the earliest pharmacy start of each POE order
-    versions: dict[str, list[_Version]] = defaultdict(list)
-    doses: dict[str, dict[str, list[_Dose]]] = defaultdict(lambda: defaultdict(list))
-    for n, (subject, pid, poe_id, starttime, entertime, stoptime, status, med, route, freq) in enumerate(pharmacy):
-        rx = rx_by_pharmacy.get(pid, [])
-        name = _drug(rx) if rx else med.strip()
-        if not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
-            continue
-        start = _t(starttime or entertime)
-        ended_at = _t(poe[ended_by[poe_id]][2]) if poe_id in ended_by else None
-        versions[subject].extend(_pharmacy_versions(poe_id or f"pharmacy:{pid}", n, name, start, stoptime, status,
-                                                    ended_at))
-        if poe_id:
-            # The loader's dosage (of the prescription it names the order by) on the entry it publishes at start:
-            # ':start', or the single entry (ended by POE before it started; no stop time or no final status).
-            single = ended_at <= start if ended_at is not None else not stoptime or status not in _PHARMACY_STATUS
-            dosage = _Builder._dosage(rx_dose[_main(rx)[0]] if rx else None,
-                                      {"route": route, "frequency": freq})
-            doses[subject][poe_id].append(_Dose(f"{SOURCE}:pharmacy:{pid}" + ("" if single else ":start"), start,
-                                                name, dosage))
-        if not name:
-            continue
-        if poe_id:
-            first_start[poe_id] = min(start, first_start.get(poe_id, start))
-        opened = (f"{SOURCE}:pharmacy:{pid}:start",)
-        ender = ended_by.get(poe_id) if poe_id else None
-        if ender is not None:
-            # The POE order that ended this one is the published stop (no ':stop' entry).
-            ended = _t(poe[ender][2])
-            orders[subject].append(_Order(pid, name, start, ended if ended > start else None))
-            if ended > start:  # else one entry, discontinued before it started: never active
-                spans[subject].append(_Span(name, start, ended, opened, (f"{SOURCE}:poe:{ender}",), True))
-        elif stoptime and status in _PHARMACY_STATUS and status != "H":
-            stop = max(_t(stoptime), start)
-            orders[subject].append(_Order(pid, name, start, stop))
-            spans[subject].append(_Span(name, start, stop, opened, (f"{SOURCE}:pharmacy:{pid}:stop",), True))
-            if status in _DISCONTINUED:
-                stops[subject].append(_Stop(stop, name, (f"{SOURCE}:pharmacy:{pid}:start",
-                                                         f"{SOURCE}:pharmacy:{pid}:stop")))
-        else:
-            # On hold (published active, then on-hold), or no stoptime (one entry that never ends): unclear.
-            spans[subject].append(_Span(name, start, None, (), (), False))
 
     def poe_name(poe_id: str) -> str:
         rx = rx_by_poe.get(poe_id, [])
         return _drug(rx) if rx else (pharmacy_med.get(poe_id) or emar_med.get(poe_id) or "").strip()
 
-    poe_orders: dict[str, list[_Order]] = defaultdict(list)
+    pharmacy_name = {}
+    for r in pharmacy:
+        rx = rx_by_pharmacy.get(r[1], [])
+        pharmacy_name[r[1]] = _drug(rx) if rx else r[7].strip()
+    orphans = [(subject, f"{pid or 'none'}:{drug.strip().lower()}", drug, a, b, hadm)
+               for subject, pid, drug, a, b, hadm in rx_rows if pid not in pharmacy_ids and drug.strip()]
+    orders = build_orders(RowsIn(poe, pharmacy, pharmacy_name, {p: poe_name(p) for p in poe}, orphans), discharge)
+
+    stops: dict[str, list[_Stop]] = defaultdict(list)
+    doses: dict[str, dict[str, list[_Dose]]] = defaultdict(lambda: defaultdict(list))
+    for subject, pid, poe_id, starttime, entertime, stoptime, status, _med, route, freq, _hadm in pharmacy:
+        name = pharmacy_name[pid]
+        if not _readable(starttime or entertime) or (stoptime and not _readable(stoptime)):
+            continue
+        start = _t(starttime or entertime)
+        stop = _t(stoptime) if stoptime else None
+        ender = ended_by.get(poe_id) if poe_id else None
+        by_time = _t(poe[ender][2]) if ender else None
+        # The loader's rule: the POE order that discontinued the order is its stop, unless the pharmacy stop is more
+        # than an hour earlier (SAME_ACT): then the pharmacy's own stop ends the row (':start' and ':stop').
+        poe_stops = by_time is not None and (stop is None or stop > by_time - SAME_ACT)
+        if poe_id:
+            # The loader's dosage (of the prescription it names the order by) on the entry it publishes at start:
+            # ':start', or the single entry (ended by POE before it started; no stop time or no final status).
+            single = (by_time is not None and by_time <= start) if poe_stops else \
+                not stoptime or status not in _PHARMACY_STATUS
+            rx = rx_by_pharmacy.get(pid, [])
+            dosage = _Builder._dosage(rx_dose[_main(rx)[0]] if rx else None, {"route": route, "frequency": freq})
+            doses[subject][poe_id].append(_Dose(f"{SOURCE}:pharmacy:{pid}" + ("" if single else ":start"), start,
+                                                name, dosage))
+        if not poe_stops and stop is not None and status in _DISCONTINUED:
+            stop = max(stop, start)
+            stops[subject].append(_Stop(stop, name, (f"{SOURCE}:pharmacy:{pid}:start",
+                                                     f"{SOURCE}:pharmacy:{pid}:stop")))
+
     changes: dict[str, list[_Change]] = defaultdict(list)
-    ref_ends: dict[str, dict[str, list[datetime]]] = defaultdict(lambda: defaultdict(list))
-    for n, (pid, subject, ordertime, order_type, tx, of, _) in enumerate(poe.values()):
-        if tx in ("New", "Change", "H") and (order_type == "Medications" or pid in pharmacy_med):
-            versions[subject].append(_Version(pid, _t(ordertime), (0, n), tx != "H",
-                                              poe_name(pid) if order_type == "Medications" else ""))
-        if tx in ("Change", "D/C") and of:
-            ref_ends[subject][of].append(_t(ordertime))
-        if order_type == "Medications" and tx in ("New", "Change"):
-            ender = ended_by.get(pid)
-            name, start = poe_name(pid), _t(ordertime)
-            poe_orders[subject].append(_Order(pid, name, start, _t(poe[ender][2]) if ender else None))
-            if ender:
-                ended = _t(poe[ender][2])
-                spans[subject].append(_Span(name, start, ended, (f"{SOURCE}:poe:{pid}",), (f"{SOURCE}:poe:{ender}",),
-                                            True) if ended > start else _Span(name, start, None, (), (), False))
-            elif pid not in pharmacy_med:
-                # Published active and never ended (no pharmacy row stops it): its real state is unknown.
-                spans[subject].append(_Span(name, start, None, (), (), False))
-            elif first_start.get(pid, start) > start:
-                # Ordered, not yet started by the pharmacy: the published order is active, the pharmacy's not yet.
-                spans[subject].append(_Span(name, start, first_start[pid], (), (), False))
-            elif pid not in first_start:
-                spans[subject].append(_Span(name, start, None, (), (), False))
-            if tx == "Change" and of in poe and enders[of] == 1 and poe[of][3] == "Medications" \
-                    and poe[of][4] in ("New", "Change"):
-                changes[subject].append(_Change(of, poe_name(of), _t(poe[of][2]), pid, name, start))
+    for pid, subject, ordertime, order_type, tx, of, _, _ in poe.values():
+        if order_type == "Medications" and tx == "Change" and of in poe and enders[of] == 1 \
+                and poe[of][3] == "Medications" and poe[of][4] in ("New", "Change"):
+            changes[subject].append(_Change(of, poe_name(of), _t(poe[of][2]), pid, poe_name(pid), _t(ordertime)))
         if tx not in ("Change", "D/C") or not of:
             continue
         name = poe_name(of) if order_type == "Medications" and of in poe and enders[of] == 1 else ""
@@ -463,21 +406,17 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
 
     displays = {i: (f"{label} ({fluid})" if fluid else label) for i, (label, fluid) in labitems.items() if label}
     out: dict[str, _Patient] = {}
-    for subject in sorted(set(labs) | set(admissions) | set(orders) | set(poe_orders) | set(stops) | set(spans)
-                          | set(versions) | set(doses)):
+    for subject in sorted(set(labs) | set(admissions) | set(orders) | set(stops) | set(doses)):
         # A display shared by two items of the patient would make the question ambiguous: neither is asked about.
         shared = Counter(displays[i] for i in all_items[subject] if i in displays)
         kept = {i: sorted(rows, key=lambda r: (r.time, int(r.labevent_id)))
                 for i, rows in labs[subject].items() if i in displays and shared[displays[i]] == 1}
         out[subject] = _Patient(kept, sorted(admissions[subject]),
-                                sorted(orders[subject], key=lambda o: (o.start, o.key)),
-                                sorted(poe_orders[subject], key=lambda o: (o.start, o.key)),
+                                orders.get(subject) or Orders((), discharge.get(subject, {})),
                                 sorted(stops[subject], key=lambda s: (s.time, s.evidence)),
-                                sorted(spans[subject], key=lambda s: (s.start, s.name, s.opened)),
                                 sorted(changes[subject], key=lambda c: (c.time, c.new)),
-                                sorted(versions[subject], key=lambda v: (v.time, v.rank)),
-                                {k: sorted(v) for k, v in ref_ends[subject].items()}, sorted(stays[subject]),
-                                dict(doses[subject]))
+                                sorted(stays[subject], key=lambda s: (s.admit, s.hadm)), dict(doses[subject]),
+                                {h: sorted(v) for h, v in diagnoses[subject].items()}, ages.get(subject))
     return out, displays
 
 
@@ -495,7 +434,6 @@ class _Templates:
         self.rows = rows
         self.displays = displays
         self.seed = str(seed)
-        self._versions: dict[str, list[_Version]] | None = None
 
     def qid(self, template: str, params: str) -> str:
         return f"mimic-qa:{template}:{self.patient}:{params}"
@@ -521,6 +459,12 @@ class _Templates:
         out["drug_active_at"] = self.drug_active()
         out["order_changed_into"] = self.changed()
         out["count"].extend(self.admissions())
+        out["currently_receiving"] = self.receiving()
+        out["discharge_changes"] = self.discharge_changes()
+        for qtype, cand in self.encounter_labs():
+            out[qtype].append(cand)
+        out["billed_diagnoses"] = self.billed()
+        out["age"] = self.age()
         return out
 
     # labs
@@ -596,28 +540,32 @@ class _Templates:
     # medications
 
     def current(self) -> list[_Candidate]:
-        ends = sorted({o.end for o in self.rows.orders if o.end is not None})
+        """At each time an order's active interval ended (its own end or its admission's discharge)."""
+        orders = self.rows.orders
+        ends = sorted({e for name in orders.by_name for _, e, _ in orders.spans(name) if e is not None})
         return [self.candidate(self.qid("current_medication", _compact(t)), partial(self.current_at, t)) for t in ends]
 
     def current_at(self, when: datetime) -> Question | None:
-        active = [o for o in self.rows.orders if o.end is not None and o.start <= when < o.end]
-        if not active:
+        """Among the medication orders active at ``when``, the drug of the one whose version in effect started most
+        recently. None unless the rows and the published versions agree on every other order active then (an
+        order placed and not yet dispensed, or on hold, is unclear: it must not be the latest), and the most recent
+        start names one drug."""
+        orders = self.rows.orders
+        unclear = {o.ref: max(v.time for v in o.versions if v.time <= when) for o in orders.orders
+                   if any(a <= when and (b is None or when < b) for a, b in o.unclear)}
+        active = [(o, v) for o, v in orders.active_at(when) if v.medication and o.ref not in unclear]
+        running = {o.ref for o in orders.orders if o.ref not in unclear and orders.rows_active(o, when)}
+        if not active or running != {o.ref for o, _ in active}:
             return None
-        latest = max(o.start for o in active)
-        top = [o for o in active if o.start == latest]
-        names = {o.name for o in top}
-        if len(names) != 1:
-            return None
-        name = names.pop()
-        # A POE medication order placed since then and not ended by then (it may have no pharmacy row, or one not
-        # started yet) is a more recent active order in the published rows: unless it is the same drug, no question.
-        if any(latest <= p.start <= when and (p.end is None or p.end > when) and p.name != name
-               for p in self.rows.poe_orders):
+        latest = max(v.time for _, v in active)
+        top = [v for _, v in active if v.time == latest]
+        names = {v.name for v in top}
+        if len(names) != 1 or "" in names or any(t >= latest for t in unclear.values()):
             return None
         return self.question(
             self.qid("current_medication", _compact(when)), "current_medication",
             f"As of {_shown(when)}, which of the patient's active medication orders was started most recently?",
-            name, when, sorted(f"{SOURCE}:pharmacy:{o.key}:start" for o in top))
+            names.pop(), when, sorted({v.entry_id for v in top}))
 
     def discontinued(self) -> list[_Candidate]:
         times = sorted({s.time for s in self.rows.stops})
@@ -634,34 +582,35 @@ class _Templates:
             f"As of {_shown(when)}, which medication order was most recently discontinued or changed?",
             names.pop(), when, sorted({e for s in last for e in s.evidence}))
 
-    def drug_active(self) -> list[_Candidate]:
-        """At the midpoint of each clear active interval (a "yes" candidate) and at the midpoint between its end
-        and the drug's next order or the discharge of the admission it ended in, whichever is first (a "no"
-        candidate; none when it ended outside an admission or at its discharge); each question is answered from
-        every order of the drug, whatever candidate it came from. Yes and no alternate (from a per-patient hashed
-        side), each in hash order, so a patient's questions are balanced when both exist."""
-        by_drug: dict[str, list[_Span]] = defaultdict(list)
-        for s in self.rows.spans:
-            by_drug[s.name.casefold()].append(s)
-        seen: set[tuple[str, datetime]] = set()
+    def _yes_no(self, qtype: str, times: Callable[[str, list[tuple[datetime, datetime | None, Any]]],
+                                                   list[datetime]], text: str) -> list[_Candidate]:
+        """Yes/no questions about each drug at the times ``times`` proposes, answered from every order of the drug
+        (:meth:`Orders.state`); yes and no alternate (from a per-patient hashed side), each in hash order, so a
+        patient's questions are balanced when both exist."""
+        orders = self.rows.orders
         answers: dict[str, list[Question]] = {"yes": [], "no": []}
-        for s in self.rows.spans:
-            if not s.clear or not s.name or s.end is None:
+        seen: set[tuple[str, datetime]] = set()
+        for key in sorted(orders.by_name):
+            spans = orders.spans(key)
+            if not spans:
                 continue
-            key = s.name.casefold()
-            discharge = min((b for a, b in self.rows.stays if a <= s.end < b), default=s.end)
-            nxt = min((o.start for o in by_drug[key] if o.start > s.end), default=discharge)
-            for when in (_inside(s.start, s.end), _inside(s.end, min(nxt, discharge))):
-                if when is None or (key, when) in seen:
+            shown = next(r.name for o in orders.by_name[key] for r in o.runs if drug_key(r.name) == key)
+            for when in times(key, spans):
+                if (key, when) in seen:
                     continue
                 seen.add((key, when))
-                q = self.drug_active_at(s, by_drug[key], when)
-                if q is not None:
-                    answers[q.answer].append(q)
+                state = orders.state(key, when)
+                if state is None:
+                    continue
+                answer = "yes" if state.active else "no"
+                slug = "".join(ch if ch.isalnum() else "-" for ch in key)[:40]
+                answers[answer].append(self.question(
+                    self.qid(qtype, f"{slug}@{_compact(when)}"), qtype, text.format(t=_shown(when), drug=shown),
+                    answer, when, state.shown))
         for qs in answers.values():
             qs.sort(key=lambda q: (_hash(self.seed, q.question_id), q.question_id))
         first, second = answers["yes"], answers["no"]
-        if _hash(self.seed, "yes-no", self.patient) % 2:
+        if _hash(self.seed, qtype, self.patient) % 2:
             first, second = second, first
         out: list[_Candidate] = []
         for i in range(max(len(first), len(second))):
@@ -670,54 +619,189 @@ class _Templates:
                     out.append((len(out), qs[i].question_id, partial(_same_question, qs[i])))
         return out
 
-    def drug_active_at(self, asked: _Span, spans: list[_Span], when: datetime) -> Question | None:
-        """Was an order of ``asked``'s drug (any spelling of the name) active at ``when``? None when unclear:
-        an order of the drug starts or ends exactly then, or one whose state the rows leave open covers it."""
-        for s in spans:
-            if when in (s.start, s.end) or (not s.clear and s.start <= when and (s.end is None or when < s.end)):
-                return None
-        clear = [s for s in spans if s.clear and s.end is not None]
-        active = [s for s in clear if s.start <= when < s.end]  # type: ignore[operator]
-        published = self.published_active(asked.name.casefold(), when)
-        if published is None or published != bool(active):
-            return None  # the order's published versions disagree with its rows' interval, or one changes then
-        if active:
-            answer, evidence = "yes", {e for s in active for e in s.opened}
-        else:
-            ended = [s for s in clear if s.end < when]  # type: ignore[operator]
-            if not ended:
-                return None
-            latest = max(s.end for s in ended)  # type: ignore[type-var]
-            answer, evidence = "no", {e for s in ended if s.end == latest for e in (*s.opened, *s.closed)}
-        origin = asked.opened[0].removeprefix(f"{SOURCE}:").replace(":", "-")
-        return self.question(
-            self.qid("drug_active_at", f"{origin}@{_compact(when)}"), "drug_active_at",
-            f"As of {_shown(when)}, was {asked.name} an active medication order?", answer, when, sorted(evidence))
+    def drug_active(self) -> list[_Candidate]:
+        """Inside an admission: the midpoint of each active interval of a drug (a "yes" candidate), and the
+        midpoint between its end and the drug's next order or the discharge, whichever is first (a "no"
+        candidate; none when it ended at the discharge)."""
+        def times(key: str, spans: list[tuple[datetime, datetime | None, Any]]) -> list[datetime]:
+            out = []
+            for start, end, order in spans:
+                cap = self.rows.orders.discharge.get(order.hadm or "")
+                stop = end if end is not None else cap[0] if cap else None
+                if stop is None:
+                    continue
+                nxt = min((s for s in self.rows.orders.starts(key) if s > stop), default=None)
+                out += [t for t in (_inside(start, stop),
+                                    _inside(stop, min(x for x in (nxt, cap[0] if cap else None) if x is not None))
+                                    if cap is not None and stop < cap[0] else None) if t is not None]
+            return out
+        return self._yes_no("drug_active_at", times, "As of {t}, was {drug} an active medication order?")
 
-    def published_active(self, key: str, when: datetime) -> bool | None:
-        """Whether an order naming the drug ``key`` is active at ``when`` by its published versions alone: the
-        latest entry of each order at or before ``when`` is active, names the drug, and no POE 'Change'/'D/C'
-        ended the order since. None when an entry of such an order, or its end, falls exactly at ``when``."""
-        if self._versions is None:  # each drug's orders' versions, in publishing order
-            by_name: dict[str, set[str]] = defaultdict(set)
-            for v in self.rows.versions:
-                by_name[v.name.casefold()].add(v.ref)
-            self._versions = {k: [v for v in self.rows.versions if v.ref in r] for k, r in by_name.items()}
-        versions = self._versions.get(key, [])
-        refs = {v.ref for v in versions}
-        latest: dict[str, _Version] = {}
-        for v in versions:
-            if v.time == when:
+    def receiving(self) -> list[_Candidate]:
+        """"Is the patient currently receiving X" at a time T: the midpoint of each active interval of a drug
+        ("yes"), inside the admission after an order of it ended ("no"), and after the admission it ended in: the
+        midpoint between the discharge and the next admission, or a day after the last discharge ("no": what the
+        discharge ended is not current any more)."""
+        stays = self.rows.stays
+
+        def times(key: str, spans: list[tuple[datetime, datetime | None, Any]]) -> list[datetime]:
+            out = []
+            for start, end, order in spans:
+                cap = self.rows.orders.discharge.get(order.hadm or "")
+                stop = end if end is not None else cap[0] if cap else None
+                if stop is None:
+                    continue
+                nxt = min((s for s in self.rows.orders.starts(key) if s > stop), default=None)
+                out.append(_inside(start, stop))
+                if cap is not None and stop < cap[0]:
+                    out.append(_inside(stop, min(x for x in (nxt, cap[0]) if x is not None)))
+                if cap is not None:
+                    later = min((s.admit for s in stays if s.admit > cap[0]), default=cap[0] + timedelta(days=2))
+                    if nxt is None or nxt > later:
+                        out.append(_inside(cap[0], min(later, cap[0] + timedelta(days=2))))
+            return [t for t in out if t is not None]
+        return self._yes_no("currently_receiving", times, "As of {t}, is the patient currently receiving {drug}?")
+
+    # the encounter
+
+    def stay_at(self, when: datetime) -> _Stay | None:
+        """The admission current at ``when``: the latest that began at or before it."""
+        return max((s for s in self.rows.stays if s.admit <= when), key=lambda s: (s.admit, s.hadm), default=None)
+
+    def ended_stays(self) -> list[_Stay]:
+        """Admissions with a discharge, each the only one current from its admission to its discharge (no other
+        admission begins in between)."""
+        out = []
+        for s in self.rows.stays:
+            if s.discharge is not None and self.stay_at(s.discharge) == s and s.discharge > s.admit:
+                out.append(s)
+        return out
+
+    def discharge_changes(self) -> list[_Candidate]:
+        out = []
+        for s in self.ended_stays():
+            qid = self.qid("discharge_changes", s.hadm)
+            out.append(self.candidate(qid, partial(self.discharge_changes_of, s)))
+        return out
+
+    def discharge_changes_of(self, stay: _Stay) -> Question | None:
+        """What changed at discharge: the admission's medication orders still active at the discharge, whose own end
+        (if any) is later. Asked at the discharge. A list of the drugs when there are at most three, else how many
+        orders. None when any order of the admission is unclear then, or ends exactly then."""
+        orders = self.rows.orders
+        assert stay.discharge is not None
+        before = stay.discharge - NEAR
+        mine = [o for o in orders.orders if o.hadm == stay.hadm]
+        ended: list[tuple[Any, Any]] = []
+        for o in mine:
+            if any(stay.discharge - NEAR < b < stay.discharge + NEAR for b in orders.boundaries(o)
+                   if b != stay.discharge):
                 return None
-            if v.time > when:
-                break
-            latest[v.ref] = v
-        for ref in refs:
-            if when in self.rows.ref_ends.get(ref, ()):
+            if any(a <= before and (b is None or before < b) for a, b in o.unclear):
                 return None
-        return any(v.active and v.name.casefold() == key
-                   and not any(v.time <= t < when for t in self.rows.ref_ends.get(ref, ()))
-                   for ref, v in latest.items())
+            runs = orders.rows_active(o, before)
+            v = orders.published(o, before)
+            if bool(runs) != (v is not None):
+                return None
+            if v is not None and v.medication:
+                if any(r.end is not None and r.end <= stay.discharge for r in runs):
+                    return None  # its own end is the discharge's time: which ended it is not clear
+                ended.append((o, v))
+        if not ended:
+            return None
+        names = sorted({v.name for _, v in ended}, key=str.casefold)
+        evidence = sorted({stay.discharged, *(v.entry_id for _, v in ended)})
+        head = "What changed at discharge: "
+        if len(names) <= 3 and all(names):
+            return self.question(
+                self.qid("discharge_changes", stay.hadm), "discharge_changes",
+                head + "which of the patient's medication orders did the discharge end?", ", ".join(names),
+                stay.discharge, evidence)
+        return self.question(
+            self.qid("discharge_changes", stay.hadm), "discharge_changes",
+            head + "how many of the patient's medication orders did the discharge end?", str(len(ended)),
+            stay.discharge, evidence)
+
+    def encounter_labs(self) -> Iterator[tuple[str, _Candidate]]:
+        """first_day and hour_n questions of each admission and lab item, asked at the discharge."""
+        for s in self.ended_stays():
+            assert s.discharge is not None
+            for itemid, rows in sorted(self.rows.labs.items()):
+                numeric = [r for r in rows if r.valuenum]
+                if not numeric or len({r.unit for r in numeric}) != 1:
+                    continue
+                display = self.displays[itemid]
+                q = self.first_day(s, itemid, display, rows)
+                if q is not None:
+                    yield "first_day", self.fixed(q)
+                q = self.hour_n(s, itemid, display, rows)
+                if q is not None:
+                    yield "hour_n", self.fixed(q)
+
+    def first_day(self, s: _Stay, itemid: str, display: str, rows: list[_Lab]) -> Question | None:
+        """The highest result within the first 24 hours of the admission (at least two result times then, and
+        results of the item outside that day by the discharge, so the day matters)."""
+        assert s.discharge is not None
+        end = s.admit + timedelta(days=1)
+        day = [r for r in rows if s.admit <= r.time < end and r.valuenum]
+        outside = [r for r in rows if (r.time < s.admit or end <= r.time <= s.discharge) and r.valuenum]
+        if len({r.time for r in day}) < 2 or not outside or end > s.discharge:
+            return None
+        top = max(float(r.valuenum) for r in day)
+        hits = [r for r in day if float(r.valuenum) == top]
+        if max(float(r.valuenum) for r in outside) == top:
+            return None  # the whole record's highest would read the same: the day would not matter
+        return self.question(
+            self.qid("first_day", f"{s.hadm}:{itemid}"), "first_day",
+            f"What was the highest {display} value within the first day of this admission?", hits[0].answer,
+            s.discharge, (r.entry_id for r in hits))
+
+    def hour_n(self, s: _Stay, itemid: str, display: str, rows: list[_Lab]) -> Question | None:
+        """The most recent result at hour N of the stay (N whole hours after the admission, between two result
+        times of the stay, chosen by hash), asked at the discharge."""
+        assert s.discharge is not None
+        groups = [g for g in _by_time([r for r in rows if s.admit <= r.time <= s.discharge])]
+        usable = []
+        for j in range(len(groups) - 1):
+            if not _agreed(groups[j]):
+                continue
+            mid = groups[j][0].time + (groups[j + 1][0].time - groups[j][0].time) / 2
+            hours = int((mid - s.admit).total_seconds() // 3600)
+            point = s.admit + timedelta(hours=hours)
+            if groups[j][0].time + NEAR <= point and point + NEAR <= groups[j + 1][0].time:
+                usable.append((j, hours))
+        if not usable:
+            return None
+        j, hours = usable[_hash(self.seed, "hour", self.patient, s.hadm, itemid) % len(usable)]
+        return self.question(
+            self.qid("hour_n", f"{s.hadm}:{itemid}"), "hour_n",
+            f"What was the most recent {display} value at hour {hours} of this stay?", groups[j][0].answer,
+            s.discharge, (r.entry_id for r in groups[j]))
+
+    def billed(self) -> list[_Candidate]:
+        """How many diagnoses were billed for the admission, asked at its discharge."""
+        out = []
+        for s in self.ended_stays():
+            rows = self.rows.diagnoses.get(s.hadm, [])
+            if rows:
+                assert s.discharge is not None
+                out.append(self.fixed(self.question(
+                    self.qid("billed_diagnoses", s.hadm), "billed_diagnoses",
+                    "How many diagnoses were billed for this admission?", str(len(rows)), s.discharge, rows)))
+        return out
+
+    def age(self) -> list[_Candidate]:
+        """"How old is the patient?" at each admission's start: anchor_age + year(T) - anchor_year (MIMIC gives the
+        age in the anchor year; 91 stands for any age over 89, so those patients are not asked)."""
+        if self.rows.age is None or self.rows.age[0] >= 91:
+            return []
+        age, year = self.rows.age
+        out = []
+        for s in self.rows.stays:
+            out.append(self.fixed(self.question(
+                self.qid("age", s.hadm), "age", "How old is the patient?", f"{age + s.admit.year - year:g} years",
+                s.admit, (f"{SOURCE}:patients:{self.patient}",))))
+        return out
 
     def changed(self) -> list[_Candidate]:
         """Each POE medication order ended by one 'Change': the new order's drug and dosage as published on its
@@ -728,8 +812,8 @@ class _Templates:
                 continue
             # The question names the old order by drug and order time: another order of that drug placed at the
             # same time would make it ambiguous.
-            if sum(o.start == c.old_time and o.name.casefold() == c.old_name.casefold()
-                   for o in self.rows.poe_orders) != 1:
+            if sum(v.rank[0] == 0 and v.active and v.time == c.old_time and v.name.casefold() == c.old_name.casefold()
+                   for o in self.rows.orders.orders for v in o.versions) != 1:
                 continue
             new = self.rows.doses.get(c.new, [])
             if not new:

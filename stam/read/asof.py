@@ -42,7 +42,7 @@ from typing import Any
 from schemas import LIFECYCLE_REASONS, AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
 from stam.rebuild import replay
-from stam.state import PatientState
+from stam.state import PatientState, is_encounter_record, lifecycle_of
 
 
 def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version: int) -> PatientState:
@@ -59,15 +59,31 @@ def evidence_time(memory: AtomicMemory, placed_in_history: bool) -> datetime | N
     return memory.effective_start or memory.effective_end
 
 
-def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str], when: datetime | None) -> bool:
+def _open_at(e: TransitionEvent, as_of: datetime, covered: set[str], when: datetime | None,
+             encounter_ends: dict[str, datetime]) -> bool:
     """A fact that arrived already ended (added straight to HISTORY at its end time, e.g. a condition with its
     abatement) whose validity interval contains ``as_of``: it held then. Not when it ended an earlier version
     of the same source resource (``covered``: the stop of an order that was ACTIVE since its start): that
-    version stands for it."""
+    version stands for it; and not after its encounter ended when its lifecycle ends with the encounter
+    (``encounter_ends``: a pharmacy stop recorded after the discharge)."""
     m = e.memory
-    return (e.kind is TransitionKind.ADDED and e.to_store is Store.HISTORY and m is not None
+    if not (e.kind is TransitionKind.ADDED and e.to_store is Store.HISTORY and m is not None
             and e.memory_id not in covered and m.effective_start is not None and when is not None
-            and m.effective_start <= as_of < when)
+            and m.effective_start <= as_of < when):
+        return False
+    end = encounter_ends.get(m.encounter_id or "")
+    return end is None or as_of < end or not lifecycle_of(m).ends_with_encounter
+
+
+def encounter_ends(events: Sequence[TransitionEvent]) -> dict[str, datetime]:
+    """Each encounter's end as a record of its own says it (the earliest such end: a discharge)."""
+    out: dict[str, datetime] = {}
+    for e in events:
+        m = e.memory
+        if e.kind is TransitionKind.ADDED and m is not None and is_encounter_record(m) and m.effective_end:
+            enc = m.encounter_id or ""
+            out[enc] = min(m.effective_end, out.get(enc, m.effective_end))
+    return out
 
 
 def forget_deleted(events: Sequence[TransitionEvent]) -> list[TransitionEvent]:
@@ -134,12 +150,13 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
             return e.clinical_time  # the encounter's or the interval's own end, not its evidence's time
         return times.get(e.evidence_id, e.clinical_time) if e.evidence_id else e.clinical_time
 
+    closed = {k: v for k, v in encounter_ends(mine).items() if v <= as_of}
     kept = []
     for e in mine:
         t = when(e)
         if t is None or t <= as_of:
             kept.append(e)
-        elif _open_at(e, as_of, covered, t):
+        elif _open_at(e, as_of, covered, t, closed):
             kept.append(e.model_copy(update={"to_store": Store.ACTIVE, "reason": None, "successor_id": None}))
     present = {e.memory_id for e in kept if e.kind is TransitionKind.ADDED}
     out: list[TransitionEvent] = []

@@ -18,7 +18,19 @@ kind                      asked as                                              
 ``stopped``               discontinued / stopped / changed most recently                         yes
 ``active``                is X (still) active, is the patient (still) on X                       yes
 ``changed_into``          what X was changed into, replaced by, switched to                      yes
+``most_frequent``         most frequent, most common, most often                                 yes
+``discharge``             what changed at discharge, which orders the discharge ended            yes
+``age`` / ``sex``         how old, age; sex, gender (the patient's demographics)                 no
+``admission``             when admitted / discharged, discharged to where, length of stay        yes
 ========================  =====================================================================  =============
+
+**The encounter** (``scope``): "this admission", "the current stay", "during the stay", "since admission" (``stay``:
+the admission current at the question's time, from its start to its discharge); "within the first day / 24 hours /
+N hours (of the admission | of the prescription)" (``first``, ``hours`` long, ``scope_of`` admission or order);
+"at hour N of the stay" (``hour``: the point N hours after the admission's start); "at discharge" (``discharge``);
+"at admission" (``admission``). The read path resolves them against the encounter's own records
+(:mod:`stam.read.encounters`), never against a guess. A category the question names ("diagnoses", "procedures",
+"medications", "administrations") is kept in ``category`` for lists and counts over an encounter.
 
 Times: ISO dates and date-times (``2148-01-28``, ``2148-01-28 20:06[:00]``, ``2148-01-28T20:06``), US dates
 (``01/28/2148``), month names (``January 28, 2148``, ``28 Jan 2148``, ``Jan 2148``), years after a preposition
@@ -36,9 +48,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 KINDS = ("current", "previous", "first", "highest", "lowest", "count", "change", "history", "started",
-         "stopped", "active", "changed_into")
+         "stopped", "active", "changed_into", "most_frequent", "discharge", "age", "sex", "admission")
 NEEDS_HISTORY = frozenset({"previous", "first", "highest", "lowest", "count", "change", "history", "stopped",
-                           "changed_into", "active"})
+                           "changed_into", "active", "most_frequent", "discharge", "admission"})
+SCOPES = ("stay", "first", "hour", "discharge", "admission")
+"""Encounter scopes a question can name (see the module doc)."""
 """Kinds whose answer needs HISTORY ("is X still active" is answered "no" by the order that ended)."""
 
 
@@ -61,13 +75,30 @@ class Intent:
     """The question is about orders/prescriptions (not administrations)."""
     medications: bool = False
     """The question is about medications as a category (medications, drugs, orders, prescriptions)."""
+    scope: str | None = None
+    """The encounter the question is about (:data:`SCOPES`), resolved by the read path; None: none named."""
+    scope_of: str = "admission"
+    """What a ``first`` scope counts from: the ``admission`` or the named ``order`` (its prescription)."""
+    hours: float | None = None
+    """The length of a ``first`` scope, or the hour of an ``hour`` scope."""
+    scope_text: str | None = None
+    """The encounter words as written ("this admission", "within the first day")."""
+    category: str | None = None
+    """A category of facts the question names (condition, procedure, medication, administration)."""
+    stay: str | None = None
+    """Filled by the read path: which encounter a scope resolved to, as the facts say it ("this admission,
+    2145-07-03 14:00 to 2145-07-10 12:00")."""
 
     @property
     def needs_history(self) -> bool:
-        return self.kind in NEEDS_HISTORY or self.start is not None
+        return self.kind in NEEDS_HISTORY or self.start is not None or self.scope in ("stay", "first", "hour",
+                                                                                        "discharge")
 
     def describe(self) -> str:
         parts = [self.kind]
+        if self.scope is not None:
+            parts.append(f"scope {self.scope}" + (f" {self.hours:g}h" if self.hours is not None else "")
+                         + (f" of the {self.scope_of}" if self.scope == "first" else ""))
         if self.at is not None:
             parts.append(f"at {_show(self.at)}")
         if self.about is not None:
@@ -87,6 +118,15 @@ def _show(t: datetime) -> str:
 
 _R = re.IGNORECASE
 _KIND_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((k, re.compile(p, _R)) for k, p in (
+    ("sex", r"\b(?:sex|gender)\b|\bmale\s+or\s+female\b"),
+    ("age", r"\bhow\s+old\b|\b(?:the\s+)?(?:patient'?s\s+)?age\b(?!\s+in\s+the\s+anchor)"),
+    ("admission", r"\bwhen\s+(?:was|were|did)\s+(?:the\s+patient|he|she|they)\s+(?:get\s+)?(?:admitted|discharged)\b"
+                  r"|\b(?:admission|discharge)\s+(?:time|date)\b|\bwhere\s+(?:was|were|did)\s+(?:the\s+patient|he|she|"
+                  r"they)\s+(?:get\s+)?discharged\b|\bdischarge\s+(?:location|disposition|destination)\b"
+                  r"|\bdischarged\s+to\s+where\b|\blength\s+of\s+(?:the\s+)?stay\b"),
+    ("discharge", r"\bwhat\s+changed\s+(?:at|with|on)\s+(?:the\s+(?:patient'?s\s+)?)?discharge\b"
+                  r"|\b(?:ended|stopped|discontinued)\s+(?:at|by|with|on)\s+(?:the\s+(?:patient'?s\s+)?)?discharge\b"
+                  r"|\bdid\s+the\s+discharge\s+end\b|\bthe\s+discharge\s+ended\b"),
     ("changed_into", r"\b(?:chang(?:ed|e)|switch(?:ed)?|convert(?:ed)?)\s+(?:in)?to\b|\breplaced\s+(?:by|with)\b"
                      r"|\bwhat\s+replaced\b"),
     ("started", r"\b(?:started|ordered|begun|began|initiated|prescribed|added)\s+most\s+recently\b"
@@ -105,7 +145,9 @@ _KIND_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((k, re.compile(p, _
     ("highest", r"\bhighest\b|\bmaximum\b|\bmax\b|\bpeak\b|\blargest\b|\bgreatest\b|\bworst\b"),
     ("lowest", r"\blowest\b|\bminimum\b|\bmin\b|\bnadir\b|\bsmallest\b"),
     ("first", r"\bfirst\b|\bearliest\b|\binitial(?:ly)?\b|\bbaseline\b|\boriginal(?:ly)?\b"),
-    ("active", r"\bstill\b|\b(?:is|are|was|were)\s+(?:the\s+patient\s+)?(?:on|taking|receiving)\b"
+    ("most_frequent", r"\bmost\s+(?:frequent(?:ly)?|common(?:ly)?|often)\b"),
+    ("active", r"\bstill\b|\b(?:is|are|was|were)\s+(?:the\s+patient\s+|he\s+|she\s+)?(?:currently\s+|now\s+|presently\s+)?"
+               r"(?:on|taking|receiving|getting)\b|\b(?:is|are)\b.*\bcurrent(?:ly)?\s+(?:active|ordered|running)\b"
                r"|\b(?:is|was|are|were)\b.*\bactive\b(?!\s+medication\s+orders?\s+was)"),
     ("history", r"\bhistory\b|\bhistorical\b|\bever\b|\ball\s+(?:the\s+)?(?:values|results|readings|orders|"
                 r"measurements|doses)\b|\blist\s+(?:of|all)\b|\bpast\s+(?:values|results|orders)\b|\bused\s+to\b"
@@ -113,6 +155,26 @@ _KIND_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((k, re.compile(p, _
     ("current", r"\blatest\b|\bmost\s+recent\b|\blast\b|\bcurrent(?:ly)?\b|\bnow\b|\bpresent\b|\btoday\b"),
 ))
 _ORDERS = re.compile(r"\border(?:s|ed)?\b|\bprescri\w*\b", _R)
+_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((c, re.compile(p, _R)) for c, p in (
+    ("condition", r"\bdiagnos[ei]s\b|\bconditions\b|\bproblems\b|\bicd\s+codes?\b"),
+    ("procedure", r"\bprocedures\b"),
+    ("administration", r"\b(?:medication|drug)s?\s+(?:was|were)\s+(?:given|administered)\b|\badministrations\b"
+                       r"|\bdoses\s+(?:given|administered)\b|\bwhich\s+(?:medication|drug)\s+was\s+(?:given|administered)\b"),
+    ("medication", r"\bmedications\b|\bmedication\s+orders\b|\bdrugs\b|\bprescriptions\b"),
+))
+_STAY = r"(?:hospital\s+)?(?:admission|stay|hospitali[sz]ation|encounter|visit|inpatient\s+stay)"
+_SCOPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((k, re.compile(p, _R)) for k, p in (
+    ("hour", r"\bat\s+hour\s+(\d+)\s+(?:of|into)\s+(?:the\s+|this\s+|her\s+|his\s+|the\s+current\s+)?" + _STAY + r"\b"
+             r"|\b(\d+)\s+hours?\s+into\s+(?:the\s+|this\s+|her\s+|his\s+)?" + _STAY + r"\b"),
+    ("first", r"\b(?:within|during|in|over|on)\s+(?:the\s+)?first\s+(?:(\d+|one|two|three|four|five|six|seven|twelve|"
+              r"twenty-four|forty-eight)\s+)?(hour|day)s?\b(?:\s+(?:of|after|since)\s+(?:the\s+|this\s+|its\s+|her\s+|his\s+)?"
+              r"(?:(prescription|order|medication|drug)|" + _STAY + r")\b)?"),
+    ("discharge", r"\b(?:at|on|upon|by)\s+(?:the\s+(?:time\s+of\s+)?)?(?:(?:patient'?s|her|his)\s+)?discharge\b"),
+    ("admission", r"\b(?:at|on|upon)\s+(?:the\s+(?:time\s+of\s+)?)?(?:(?:patient'?s|her|his)\s+)?admission\b"),
+    ("stay", r"\b(?:this|the\s+current|the\s+present|the\s+latest|current|her|his)\s+" + _STAY + r"\b"
+             r"|\bduring\s+(?:the|this)\s+" + _STAY + r"\b|\bsince\s+(?:the\s+|her\s+|his\s+)?(?:admission|"
+             r"being\s+admitted|(?:he|she|the\s+patient)\s+was\s+admitted)\b|\bof\s+the\s+" + _STAY + r"\b"),
+))
 _MEDICATIONS = re.compile(r"\bmedications?\b|\bmedicines?\b|\bdrugs?\b|\bmeds\b|\border(?:s|ed)?\b|"
                           r"\bprescri\w*\b", _R)
 
@@ -256,11 +318,32 @@ def _times(question: str, now: datetime | None) -> dict[str, datetime | str | No
     return out
 
 
+def _scope(text: str) -> tuple[str | None, str, float | None, str | None]:
+    """(scope, what a ``first`` scope counts from, hours, the words) of the first encounter expression."""
+    for name, pat in _SCOPES:
+        m = pat.search(text)
+        if m is None:
+            continue
+        hours: float | None = None
+        of = "admission"
+        if name == "hour":
+            hours = float(m.group(1) or m.group(2))
+        elif name == "first":
+            n = m.group(1)
+            count = int(n) if n and n.isdigit() else _NUMS.get((n or "one").lower(), 1)
+            hours = count * (24.0 if m.group(2).lower() == "day" else 1.0)
+            of = "order" if m.group(3) else "admission"
+        return name, of, hours, m.group(0)
+    return None, "admission", None, None
+
+
 def parse(question: str, now: datetime | None = None) -> Intent:
     """The intent of ``question``; relative times resolve against ``now`` (the patient's clinical clock)."""
-    # Time expressions are removed before the kind is decided ("last 24 hours" is a window, not "latest").
-    times = _times(question, now)
-    text = question
+    # Encounter words are taken first ("within the first day" is a scope, not "first"), then time expressions
+    # ("last 24 hours" is a window, not "latest"); both are removed before the kind is decided.
+    scope, scope_of, hours, scope_text = _scope(question)
+    text = question.replace(scope_text, " ") if scope_text else question
+    times = _times(text, now)
     if isinstance(times["text"], str):
         text = text.replace(times["text"], " ")
     kind, cue = "current", None
@@ -274,8 +357,16 @@ def parse(question: str, now: datetime | None = None) -> Intent:
     if kind == "changed_into" and isinstance(at, datetime):
         # "the X order of <time>": the time names which order, not the point to look from
         about, at, start, end = at, None, None, None
+    category = next((c for c, pat in _CATEGORIES if pat.search(question)), None)
+    if scope == "discharge" and (kind in ("current", "change") and _DISCHARGE_CHANGES.search(text)
+                                 or kind == "active" and category == "medication"):
+        kind, cue = "discharge", scope_text  # "what changed at discharge", "which orders were still active then"
     return Intent(kind=kind, cue=cue, at=at if isinstance(at, datetime) else None, about=about,
                   start=start if isinstance(start, datetime) else None, end=end if isinstance(end, datetime) else None,
                   time_text=times["text"] if isinstance(times["text"], str) else None,
                   orders=_ORDERS.search(question) is not None,
-                  medications=_MEDICATIONS.search(question) is not None)
+                  medications=_MEDICATIONS.search(question) is not None, scope=scope, scope_of=scope_of,
+                  hours=hours, scope_text=scope_text, category=category)
+
+
+_DISCHARGE_CHANGES = re.compile(r"\bwhat\s+changed\b|\b(?:ended|stopped|discontinued)\b", _R)

@@ -14,6 +14,12 @@ end, status and what replaced them, said once::
 Computed facts (``stam.read.select``) come first, marked as computed. ``labels=false`` is the neutral rendering
 of the method's appendix (no store words: no ``[current]``, no reasons); times and order stay. ``spans=true``
 adds the source text around each memory that has one.
+
+**The current encounter.** When the question's time falls in an admission (``stay_start``: when it began), a value
+line marks where it begins ("| before this admission (from 2148-01-20 08:00):" between the values of this stay and
+the earlier ones). An order that ended with its admission says so ("ended 2145-07-10 14:00 (at discharge)"); a
+current order or medication that names no encounter and no end time says "no end recorded": nothing will end it
+but an entry, and none is guessed.
 """
 
 from __future__ import annotations
@@ -36,8 +42,13 @@ def when(t: datetime | None) -> str:
         "%Y-%m-%d %H:%M")
 
 
-def _value_line(items: Sequence[EvidenceItem], labels: bool) -> str:
-    """One measured concept: current value first, then earlier values newest first."""
+def _before(i: EvidenceItem, stay_start: datetime | None) -> bool:
+    return stay_start is not None and i.effective_start is not None and i.effective_start < stay_start
+
+
+def _value_line(items: Sequence[EvidenceItem], labels: bool, stay_start: datetime | None = None) -> str:
+    """One measured concept: current value first, then earlier values newest first; where the current encounter
+    begins is marked between a value of it and an earlier one."""
     head, rest = items[0], items[1:]
     name = head.concept or head.text
 
@@ -52,8 +63,18 @@ def _value_line(items: Sequence[EvidenceItem], labels: bool) -> str:
         return s
 
     line = f"- {name}: {one(head, True)}"
+    if _before(head, stay_start):
+        assert stay_start is not None
+        line += f" (before this admission, from {when(stay_start)})"
     if rest:
-        line += "; earlier: " + "; ".join(one(i, False) for i in rest)
+        parts: list[str] = []
+        for prev, i in zip(items, rest, strict=False):
+            if _before(i, stay_start) and not _before(prev, stay_start):
+                assert stay_start is not None
+                parts.append(f"| before this admission (from {when(stay_start)}): {one(i, False)}")
+            else:
+                parts.append(one(i, False))
+        line += "; earlier: " + "; ".join(parts)
     return line
 
 
@@ -81,18 +102,21 @@ def _resource_line(items: Sequence[EvidenceItem], labels: bool, shown: set[str])
         if ends:
             line += f" to {when(max(ends))}"
     if active:
-        return line + (" [current]" if labels else "")
+        open_end = newest.category.value in _ORDERS and not any(i.effective_end or i.encounter for i in active)
+        return line + ("; no end recorded" if open_end else "") + (" [current]" if labels else "")
     last = max(items, key=_end_key)
     ended = last.ended_at or last.effective_end
     line += f"; ended {when(ended)}" if ended else "; ended"
     if labels and last.reason is not None:
-        line += f" ({last.reason.value})"
+        line += f" ({_REASON_WORDS.get(last.reason, last.reason.value)})"
     if (last.successor_text and last.successor_id not in shown and last.reason is not None
             and last.reason is Reason.SUPERSEDED and newest.category.value in _ORDERS):
         line += f", changed into {last.successor_text}"
     return line
 
 
+_REASON_WORDS = {Reason.ENCOUNTER_ENDED: "at discharge: its admission ended", Reason.EXPIRED: "expired: its end time"}
+"""The lifecycle's reasons in words (the others are their own word)."""
 _ORDER_ENDS = frozenset({Reason.STOPPED, Reason.CANCELLED})
 """Reasons an order ends for (rather than changes into another order)."""
 
@@ -102,12 +126,12 @@ def _end_key(i: EvidenceItem) -> float:
     return t.timestamp() if t else float("-inf")
 
 
-def render_block(items: Sequence[EvidenceItem], *, labels: bool) -> str:
-    """The lines of one thread's items (newest first)."""
+def render_block(items: Sequence[EvidenceItem], *, labels: bool, stay_start: datetime | None = None) -> str:
+    """The lines of one thread's items (newest first); ``stay_start``: when the current encounter began."""
     if not items:
         return ""
     if all(i.value is not None and i.category.value == "observation" for i in items):
-        lines = [_value_line(items, labels)]
+        lines = [_value_line(items, labels, stay_start)]
     else:
         groups: dict[str, list[EvidenceItem]] = {}
         for i in items:
@@ -131,7 +155,8 @@ def header(as_of: datetime | None, as_of_version: int | None, at: datetime | Non
 
 
 def render_packet(req: QueryRequest, blocks: Sequence[Sequence[EvidenceItem]], facts: Sequence[ComputedFact],
-                  tokenizer: Tokenizer, *, top: str) -> tuple[str, list[EvidenceItem], list[ComputedFact], int]:
+                  tokenizer: Tokenizer, *, top: str,
+                  stay_start: datetime | None = None) -> tuple[str, list[EvidenceItem], list[ComputedFact], int]:
     """The rendered text, the items and facts kept within ``token_budget`` (blocks in rank order; a block that
     does not fit whole is tried with only what the question needs), and how many items were dropped."""
     budget = req.token_budget
@@ -156,7 +181,7 @@ def render_packet(req: QueryRequest, blocks: Sequence[Sequence[EvidenceItem]], f
             tries.append(needed)
         placed = False
         for items in tries:
-            text = render_block(items, labels=req.labels)
+            text = render_block(items, labels=req.labels, stay_start=stay_start)
             cost = tokenizer.count(text) + 1
             if budget is None or used + cost <= budget:
                 lines.append(text)

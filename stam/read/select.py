@@ -29,12 +29,14 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from functools import lru_cache
 
 import numpy as np
 
 from schemas import Reason
+from stam.read.encounters import Encounters, Stay
 from stam.read.intent import Intent
 from stam.read.timeline import Timeline, View, from_epoch, words
 
@@ -125,6 +127,8 @@ class ThreadIndex:
     ends_order: np.ndarray
     """Per memory: when in HISTORY, the order version was discontinued or changed into another order (see
     :func:`discontinued`)."""
+    encounters: Encounters = field(default_factory=lambda: Encounters({}))
+    """Each encounter's own records (:mod:`stam.read.encounters`)."""
 
     @classmethod
     def build(cls, tl: Timeline) -> ThreadIndex:
@@ -155,7 +159,7 @@ class ThreadIndex:
                    by_core={c: tuple(ths_) for c, ths_ in by_core.items()}, order=order, starts=starts,
                    seg_thread=ths[starts] if len(order) else np.zeros(0, dtype=np.int32),
                    by_word={w: tuple(sorted(ths_)) for w, ths_ in by_word.items()},
-                   is_order=is_order, ends_order=ends)
+                   is_order=is_order, ends_order=ends, encounters=Encounters.build(tl))
 
     def best(self, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Per thread run, the largest of ``values`` over its members where ``mask`` (``-inf`` where none)."""
@@ -217,7 +221,16 @@ def _match(q: frozenset[str], names: Sequence[Name]) -> tuple[float, frozenset[s
 
 
 def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, question: str, intent: Intent, *,
-           serve_history: bool, k_threads: int, k_history: int, joint: bool = True) -> Selection:
+           serve_history: bool, k_threads: int, k_history: int, joint: bool = True,
+           stay: Stay | None = None) -> Selection:
+    """``stay``: the encounter current at the question's time (``intent`` already resolved against it)."""
+    from stam.read.aggregate import record_selection  # it builds on this module's picks and facts
+
+    record = record_selection(tl, idx, view, intent, stay, idx.encounters)
+    if record is not None:
+        return record
+    if intent.kind == "active":
+        serve_history = True  # whether X is current is answered by what ended it when nothing current is left
     present = view.present
     served = present if serve_history else present & ~view.history
     q = question_words(question)
@@ -242,8 +255,26 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         return _Ranked(float(total[k]), th, full, core, bool(current[k]))
 
     named, name = _named([ranked_at(seg_of[th]) for th in matched], idx, served)
+    accepted: frozenset[frozenset[str]] = frozenset({name}) if name is not None else frozenset()
+    if named and name is not None and intent.kind in ("active", "changed_into"):
+        # An order goes by the drug's name and more ("LR (IV therapy: IV fluids)", "HYDROmorphone (Dilaudid)"): the
+        # threads whose core name is the name the question used, or its core, are the same drug's.
+        cores = {core for th in named for full, core in idx.names[th] if name in (full, core)}
+        named += [th for th, (full, core) in matched.items() if th not in named
+                  and (core == name or full == name or core in cores)]
+        accepted = frozenset({name, *cores})
     if not named and (intent.kind in ("started", "stopped") or (intent.kind == "active" and intent.medications)):
         return _orders_by_time(tl, idx, view, intent, k_threads)
+    if named and intent.kind == "active":
+        # "Is X current": the named concept's threads at T; when none of them holds a current fact, HISTORY is
+        # opened whatever the gate said, to show when and why the last one ended.
+        return _is_current(tl, idx, view, intent, named, accepted)
+    if named and intent.kind == "changed_into":
+        chosen = _changed_into(tl, idx, view, intent, named, accepted)
+        if chosen is not None:
+            return chosen
+    if named and intent.scope == "first" and intent.scope_of == "order":
+        intent = _order_window(tl, idx, view, intent, named, name)
     first = set(named)
     n_full = len(named) if named else FULL_THREADS
     # A named concept is the answer's thread; a few others stay beside it as context (k_active // 4).
@@ -263,7 +294,8 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         if pick.members:
             picks.append(pick)
     facts: list[Fact] = []
-    if named and picks:
+    if named and picks and (intent.kind in ORDER_KINDS or picks[0].thread in first):
+        # (a named thread with nothing in the question's window has no pick: no statement about another thread)
         fact = (_order_fact(tl, view, [p for p in picks if p.thread in first], intent, name)
                 if intent.kind in ORDER_KINDS else _value_fact(tl, view, picks[0], intent))
         if fact is not None:
@@ -379,6 +411,12 @@ def _end_time(tl: Timeline, i: int) -> float:
     return float(tl.t_ended[i]) if math.isfinite(tl.t_ended[i]) else float(tl.t_start[i])
 
 
+def _ended_time(tl: Timeline, i: int) -> float:
+    """When a memory stopped holding: its end, and no later than its encounter's end when it ends with it (a
+    pharmacy stop recorded after the discharge did not hold past the discharge)."""
+    return min(_end_time(tl, i), float(tl.enc_end[i]))
+
+
 def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, k_threads: int) -> Selection:
     """Medication-order threads by when their current order started (``started``, ``active``) or by when an order
     was discontinued or changed (``stopped``), at the view's time."""
@@ -428,6 +466,178 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
     return Selection(picks, [Fact(intent.kind, text, tuple(dict.fromkeys(cited)))], [])
 
 
+# --- one named order ---------------------------------------------------------------------------------------------
+
+
+def _named_orders(tl: Timeline, idx: ThreadIndex, view: View, named: Sequence[int],
+                  names: frozenset[frozenset[str]]) -> list[int]:
+    """The present medication-order versions of the named threads that go by one of ``names`` (the question's
+    name, or its core: a thread may hold the order it was changed into, under another name)."""
+    return [int(i) for th in named for i in idx.members[th] if view.present[i] and idx.is_order[i]
+            and any(n in names for n in name_words(tl.display[int(i)]))]
+
+
+def _versions(tl: Timeline, view: View, members: Sequence[int] | np.ndarray, sources: set[str]) -> list[int]:
+    """The present memories of ``members`` that are versions of one of ``sources``."""
+    return [int(i) for i in members if view.present[i] and (tl.source[int(i)] or tl.ids[int(i)]) in sources]
+
+
+def _ended_by(tl: Timeline, view: View, members: Sequence[int]) -> list[int]:
+    """What ended each of ``members`` that is not one of them: the record whose arrival ended it (an encounter's
+    discharge) and what replaced or discontinued it, where those exist at the view."""
+    have = set(members)
+    out: list[int] = []
+    for i in members:
+        if not view.history[i]:
+            continue
+        for j in (int(tl.evid[i]), int(tl.succ[i])):
+            if j >= 0 and view.present[j] and j not in have and j not in out:
+                out.append(j)
+    return out
+
+
+def _why(tl: Timeline, view: View, i: int, stay_of_end: str | None) -> str:
+    """Why an order version ended, in words."""
+    reason = tl.reason[i]
+    if reason == Reason.ENCOUNTER_ENDED:
+        return " when its admission ended at discharge" + (f" ({stay_of_end})" if stay_of_end else "")
+    if reason == Reason.EXPIRED:
+        return ", at its own end time (expired)"
+    j = int(tl.succ[i])
+    if j >= 0 and view.present[j] and tl.source[j] != tl.source[i]:
+        return f", {reason}: {'changed into' if reason == Reason.SUPERSEDED else 'by'} {tl.display[j]}"
+    return f", {reason}" if reason else ""
+
+
+def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
+                names: frozenset[frozenset[str]]) -> Selection:
+    """Is the named concept current at the view: its orders (or, when it has none, its facts that are not events).
+    Yes: the current ones with their versions. No: the one(s) that ended last, with what ended them (the discharge
+    record, the order that discontinued or replaced them)."""
+    members = [int(i) for th in named for i in idx.members[th] if view.present[i]]
+    cands = _named_orders(tl, idx, view, named, names)
+    if not cands:
+        cands = [i for i in members if tl.reason[i] != Reason.EVENT]
+    if not cands:
+        return Selection([], [], list(named))
+    name = thread_name(tl, cands)
+    upto = f" as of {_time(view.at)}" if math.isfinite(view.at) else ""
+    active = [i for i in cands if not view.history[i]]
+    if active:
+        units = {tl.source[i] or tl.ids[i] for i in active}
+        served = _versions(tl, view, members, units)
+        latest = max(active, key=lambda i: (tl.t_start[i], tl.ids[i]))
+        open_end = "" if (math.isfinite(tl.t_end[latest]) or tl.encounter[latest]) else "; no end recorded"
+        fact = Fact("active", f"{name}, an order active{upto} (one started {_at(tl, latest)}{open_end}): yes",
+                    (tl.ids[latest],))
+        return Selection(picks_by_thread(tl, served, "order"), [fact], list(named))
+    last_t = max(_ended_time(tl, i) for i in cands)
+    lasts = [i for i in cands if _ended_time(tl, i) == last_t]
+    units = {tl.source[i] or tl.ids[i] for i in lasts}
+    served = _versions(tl, view, members, units)
+    enders = _ended_by(tl, view, lasts)
+    # What ended the last one: the lifecycle's record (a discharge) when it ended it, else its newest version.
+    last = max(lasts, key=lambda i: (tl.reason[i] == Reason.ENCOUNTER_ENDED, tl.t_start[i], tl.ids[i]))
+    first = min(served, key=lambda i: (tl.t_start[i], tl.ids[i]))
+    stay_end = None
+    if tl.reason[last] == Reason.ENCOUNTER_ENDED and tl.encounter[last]:
+        stay = idx.encounters.stay(tl, view, tl.encounter[last] or "")
+        stay_end = stay.label("the admission") if stay is not None else None
+    text = (f"{name}, an order active{upto} (the last one, started {_at(tl, first)}, ended "
+            f"{_time(last_t)}{_why(tl, view, last, stay_end)}): no")
+    cited = tuple(dict.fromkeys(tl.ids[i] for i in [first, last, *enders]))
+    picks = picks_by_thread(tl, served, "order")
+    extra = picks_by_thread(tl, enders, "ended-by")
+    return Selection(picks + extra, [Fact("active", text, cited)], list(named))
+
+
+def picks_by_thread(tl: Timeline, members: Sequence[int], role: str) -> list[Pick]:
+    """Members grouped by thread (threads by their newest member), each thread's newest first."""
+    by_thread: dict[int, list[int]] = {}
+    for i in members:
+        by_thread.setdefault(int(tl.thread[i]), []).append(int(i))
+    picks = [Pick(thread=th, score=0.0, members=sorted(ms, key=lambda i: (-tl.t_start[i], tl.ids[i])),
+                  roles=dict.fromkeys(ms, role)) for th, ms in by_thread.items()]
+    picks.sort(key=lambda p: (-max(tl.t_start[i] for i in p.members), p.thread))
+    return picks
+
+
+def _changed_into(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
+                  names: frozenset[frozenset[str]]) -> Selection | None:
+    """What the named order was changed into: the order the question names (by its time: "the X order of <T>";
+    else the one changed most recently), followed along its own successor link; None when the named threads hold
+    no order."""
+    orders = _named_orders(tl, idx, view, named, names)
+    if not orders:
+        return None
+    members = [int(i) for th in named for i in idx.members[th]]
+
+    def change_of(i: int) -> bool:
+        j = int(tl.succ[i])
+        return bool(view.history[i]) and tl.reason[i] == Reason.SUPERSEDED and j >= 0 and bool(view.present[j]) \
+            and tl.source[j] != tl.source[i]
+
+    if intent.about is not None:
+        t = intent.about.timestamp()
+        exact = [i for i in orders if tl.t_start[i] == t]
+        pool = exact or [i for i in orders if tl.t_start[i] <= t]
+        if not pool:
+            return None
+        top = max(tl.t_start[i] for i in pool)
+        sources = {tl.source[i] or tl.ids[i] for i in pool if tl.t_start[i] == top}
+    else:
+        changed_any = [i for i in orders if change_of(i)]
+        if not changed_any:
+            return None
+        newest = max(changed_any, key=lambda i: (tl.t_start[i], tl.ids[i]))
+        sources = {tl.source[newest] or tl.ids[newest]}
+    old = _versions(tl, view, members, sources)
+    changed = sorted((i for i in old if change_of(i)), key=lambda i: (tl.t_start[i], tl.ids[i]))
+    first = min(old, key=lambda i: (tl.t_start[i], tl.ids[i]))
+    if not changed:
+        last = max(old, key=lambda i: (_end_time(tl, i), tl.ids[i]))
+        state = (f"ended {_time(_end_time(tl, last))}{_why(tl, view, last, None)}" if view.history[last]
+                 else "still active")
+        of = _time(intent.about.timestamp()) if intent.about is not None else _at(tl, first)
+        text = f"the {tl.display[first]} order of {of} was not changed into another order ({state})"
+        return Selection(picks_by_thread(tl, old, "order"), [Fact("changed_into", text, (tl.ids[last],))],
+                         list(named))
+    i = changed[-1]
+    j = int(tl.succ[i])
+    new = [k for k in range(len(tl)) if view.present[k] and tl.source[k] == tl.source[j]]
+    # The new order's first version that says its dose (a POE change names the drug; its pharmacy start the dose,
+    # route and frequency).
+    dosed_all = [k for k in new if tl.dosage[k]]
+    dosed = min(dosed_all, key=lambda k: (tl.t_start[k], tl.ids[k])) if dosed_all else None
+    into = f"{tl.display[j]} {tl.dosage[dosed]}" if dosed is not None else tl.display[j]
+    was = f" {tl.dosage[i]}" if tl.dosage[i] else ""
+    cited = (tl.ids[i], tl.ids[j]) + ((tl.ids[dosed],) if dosed is not None else ())
+    of = _time(intent.about.timestamp()) if intent.about is not None else _at(tl, first)
+    text = f"the {tl.display[i]}{was} order of {of} was changed (at {_at(tl, j)}) into: {into}"
+    picks = picks_by_thread(tl, list(dict.fromkeys(old + new)), "order")
+    return Selection(picks, [Fact("changed_into", text, cited)], list(named))
+
+
+def _order_window(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
+                  name_words_: frozenset[str] | None) -> Intent:
+    """"Within the first day of the prescription": the window from the named drug's latest order's start."""
+    orders = [i for i in _named_orders(tl, idx, view, named, frozenset({name_words_}) if name_words_ else
+                                       frozenset()) if tl.t_start[i] <= view.at]
+    if not orders:
+        return intent
+    latest = max(orders, key=lambda i: (tl.t_start[i], tl.ids[i]))
+    unit = [i for i in orders if tl.source[i] == tl.source[latest]] or [latest]
+    start = min(float(tl.t_start[i]) for i in unit)
+    begin = from_epoch(start)
+    if begin is None:
+        return intent
+    hours = intent.hours or 24.0
+    end = begin + timedelta(hours=hours)
+    span = "day" if hours == 24 else f"{hours:g} hours"
+    return replace(intent, start=begin, end=end, stay=f"the first {span} of the {tl.display[latest]} order started "
+                   f"{_time(start)}, to {end.strftime('%Y-%m-%d %H:%M')}")
+
+
 # --- computed facts ---------------------------------------------------------------------------------------------
 
 
@@ -461,6 +671,8 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         return [i for i in pick.members if roles.get(i) in role]
 
     name = thread_name(tl, pick.members)
+    if intent.stay:
+        name = f"{name} ({intent.stay})"
     cur = by("current", "latest")
     kind = intent.kind
     upto = f" up to {_time(view.at)}" if math.isfinite(view.at) else ""
@@ -525,42 +737,15 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
 
 def _order_fact(tl: Timeline, view: View, picks: Sequence[Pick], intent: Intent,
                 name_words_: frozenset[str] | None) -> Fact | None:
-    """About the orders of the named drug only (a thread may hold the order it was changed into)."""
+    """About the orders of the named drug only (a thread may hold the order it was changed into): the current order's
+    start, or when one was last discontinued or changed ("is X active" and "what was X changed into" have their own
+    selections: :func:`_is_current`, :func:`_changed_into`)."""
     members = [i for p in picks for i in p.members]
     orders = [i for i in members if tl.category[i] == "medication" and tl.resource[i] in ORDER_RESOURCES
               and (name_words_ is None or name_words_ in name_words(tl.display[i]))]
     if not orders:
         return None
     name = thread_name(tl, orders)
-    upto = f" as of {_time(view.at)}" if math.isfinite(view.at) else ""
-    if intent.kind == "active":
-        active = [i for i in orders if not view.history[i]]
-        if active:
-            latest = max(active, key=lambda i: tl.t_start[i])
-            return Fact("active", f"{name}, an order active{upto} (one started {_at(tl, latest)}): yes",
-                        (tl.ids[latest],))
-        last = max(orders, key=lambda i: _end_time(tl, i))
-        why = f", {tl.reason[last]}" if tl.reason[last] else ""
-        return Fact("active", f"{name}, an order active{upto} (the last one ended {_time(_end_time(tl, last))}"
-                    f"{why}): no", (tl.ids[last],))
-    if intent.kind == "changed_into":
-        changed = [i for i in orders if view.history[i] and tl.reason[i] == Reason.SUPERSEDED and tl.succ[i] >= 0
-                   and tl.source[int(tl.succ[i])] != tl.source[i]]
-        if not changed:
-            return None
-        target = intent.about.timestamp() if intent.about is not None else None
-        changed.sort(key=lambda i: abs(tl.t_start[i] - target) if target is not None else -tl.t_start[i])
-        i = changed[0]
-        j = int(tl.succ[i])
-        # The new order's first version that says its dose (a POE change names the drug; its pharmacy start the
-        # dose, route and frequency).
-        versions = [k for k in range(len(tl)) if tl.source[k] == tl.source[j] and view.present[k] and tl.dosage[k]]
-        dosed = min(versions, key=lambda k: (tl.t_start[k], tl.ids[k])) if versions else None
-        into = f"{tl.display[j]} {tl.dosage[dosed]}" if dosed is not None else tl.display[j]
-        was = f" {tl.dosage[i]}" if tl.dosage[i] else ""
-        cited = (tl.ids[i], tl.ids[j]) + ((tl.ids[dosed],) if dosed is not None else ())
-        return Fact("changed_into", f"the {tl.display[i]}{was} order of {_at(tl, i)} was changed (at {_at(tl, j)}) "
-                    f"into: {into}", cited)
     if intent.kind == "started":
         active = [i for i in orders if not view.history[i]]
         if not active:

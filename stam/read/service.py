@@ -48,15 +48,17 @@ from schemas.query import (
     QueryAnswer,
     QueryRequest,
     RecordGap,
+    Visibility,
 )
 from stam.cache import LRU
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
 from stam.read.asof import state_at_version
+from stam.read.encounters import Stay, resolve
 from stam.read.failures import classify, failed_answer
 from stam.read.gate import StoreGate
-from stam.read.intent import parse
+from stam.read.intent import Intent, parse
 from stam.read.reader import Reader
 from stam.read.render import header, render_block, render_packet
 from stam.read.select import Pick, ThreadIndex, select
@@ -197,13 +199,11 @@ class QueryService:
         gap = gap_line(gaps)
         if len(tl) == 0:
             raise QueryError(f"no memory for patient {req.patient_id!r}" + (f" ({gap})" if gap else ""))
-        clock = req.as_of or tl.latest_time()
-        intent = parse(req.question, clock)
-        at = req.as_of
-        if intent.at is not None and (at is None or intent.at < at):
-            at = intent.at
-        view = tl.view(at, req.visibility)
+        intent, at, view, stay = read_plan(tl, idx, req.question, req.as_of, req.visibility)
         top = header(req.as_of, req.as_of_version, at) + (f"\n({gap})" if gap else "")
+        if stay is not None:
+            over = stay.ended and (at is None or stay.end <= at.timestamp())
+            top += f"\n({stay.label('latest admission' if over else 'current admission')})"
         if not view.present.any():  # nothing recorded yet at that time (or nothing visible): an empty packet
             return self._empty(req, tl, at, intent.describe(), top, gaps)
         qv = self.embedder.embed([req.question])[0]
@@ -214,11 +214,13 @@ class QueryService:
         s_h = float(scores[hist].max()) if hist.any() else None
         decision: GateDecision = self.gate.decide(req.question, req.gate, s_a, s_h, intent)
         sel = select(tl, idx, view, scores, req.question, intent, serve_history=decision.serve_history,
-                     k_threads=req.k_active, k_history=req.k_history, joint=req.ranking == "joint")
-        blocks = self._blocks(tl, view, sel.picks, scores, req)
+                     k_threads=req.k_active, k_history=req.k_history, joint=req.ranking == "joint", stay=stay)
+        begins = from_epoch(stay.start) if stay is not None else None
+        blocks = self._blocks(tl, view, sel.picks, scores, req, begins)
         facts = [ComputedFact(kind=f.kind, text=f.text, memory_ids=f.memory_ids) for f in sel.facts] if req.facts \
             else []
-        rendered, kept, kept_facts, dropped = render_packet(req, blocks, facts, self.tokenizer, top=top)
+        rendered, kept, kept_facts, dropped = render_packet(req, blocks, facts, self.tokenizer, top=top,
+                                                            stay_start=begins)
         return EvidencePacket(patient_id=req.patient_id, question=req.question, state_version=tl.version,
                               as_of=req.as_of, as_of_version=req.as_of_version, at=at, intent=intent.describe(),
                               gate=decision, facts=tuple(kept_facts), items=tuple(kept), dropped=dropped,
@@ -235,7 +237,7 @@ class QueryService:
                               tokenizer=self.tokenizer.name, token_budget=req.token_budget, gaps=gaps)
 
     def _blocks(self, tl: Timeline, view: View, picks: Sequence[Pick], scores: np.ndarray,
-                req: QueryRequest) -> list[list[EvidenceItem]]:
+                req: QueryRequest, stay_start: datetime | None = None) -> list[list[EvidenceItem]]:
         """Evidence items per thread (newest first), from the records of the served memories and their
         successors (only those are read)."""
         ids = [tl.ids[i] for p in picks for i in p.members]
@@ -251,7 +253,8 @@ class QueryService:
                 items.append(self._item(tl, view, i, s, p, scores, records, req))
             if items:
                 blocks.append(items)
-        counts = self.tokenizer.count_many([render_block([i], labels=req.labels) for b in blocks for i in b])
+        counts = self.tokenizer.count_many([render_block([i], labels=req.labels, stay_start=stay_start)
+                                            for b in blocks for i in b])
         it = iter(counts)
         return [[i.model_copy(update={"tokens": next(it)}) for i in b] for b in blocks]
 
@@ -274,7 +277,7 @@ class QueryService:
         value = None
         if m.value is not None:
             value = f"{m.value:g} {m.unit}".strip() if m.unit else f"{m.value:g}"
-        elif m.value_text and m.category.value == "observation":
+        elif m.value_text and m.category.value in ("observation", "other"):
             value = f"{m.value_text} {m.unit}".strip() if m.unit else m.value_text
         ended = from_epoch(float(tl.t_ended[i])) if in_history and np.isfinite(tl.t_ended[i]) else None
         return EvidenceItem(
@@ -286,7 +289,7 @@ class QueryService:
             successor_text=_short(succ_rec) if succ_rec is not None else None,
             source_entry_id=m.entry_id, source_ref=m.source_ref, span_text=span, tokens=0,
             role=pick.roles.get(i), concept=m.concept.display if m.concept else None, value=value,
-            dosage=m.dosage, ended_at=ended)
+            dosage=m.dosage, ended_at=ended, encounter=m.encounter_id)
 
     # --- answering -------------------------------------------------------------------------------------
 
@@ -316,6 +319,27 @@ class QueryService:
         return QueryAnswer(request_id=req.request_id, patient_id=req.patient_id, ok=True, packet=packet,
                            answer=text, reader=reader, note=note, answered_at=datetime.now(UTC),
                            latency_ms=_ms(started))
+
+
+def read_plan(tl: Timeline, idx: ThreadIndex, question: str, as_of: datetime | None,
+              visibility: Visibility | None) -> tuple[Intent, datetime | None, View, Stay | None]:
+    """What the question asks and of which state: its intent (times resolved against the patient's clinical clock,
+    ``as_of`` or the latest time in the record), the clinical time to read the state at (``as_of``, or an earlier
+    time the question names), the view there, and the encounter current then. A scope the question names ("this
+    admission", "at hour N of the stay", "at discharge") is resolved against that encounter, and may move the time
+    the state is read at."""
+    intent = parse(question, as_of or tl.latest_time())
+    at = as_of
+    if intent.at is not None and (at is None or intent.at < at):
+        at = intent.at
+    view = tl.view(at, visibility)
+    stay = idx.encounters.at(tl, view) if len(idx.encounters) else None
+    if stay is not None and intent.scope is not None:
+        intent = resolve(intent, stay)
+        if intent.at is not None and (at is None or intent.at < at):
+            at = intent.at
+            view = tl.view(at, visibility)
+    return intent, at, view, stay
 
 
 _gc_lock = Lock()

@@ -16,7 +16,9 @@ Point in time, the rules (the same as a replay of the transition log filtered to
   when it arrived from its start (an admission from admission, not discharge), a fact that arrived already
   ended (added straight to HISTORY: a stop, a resolved condition) from its end; a memory with no time always
   exists. A fact that arrived already ended also exists inside its own interval, ACTIVE there, unless it ended
-  an earlier version of the same source resource (a pharmacy stop: the start stands for the order).
+  an earlier version of the same source resource (a pharmacy stop: the start stands for the order), and, when its
+  lifecycle ends with its encounter, no later than the encounter's end (a pharmacy stop recorded after the
+  discharge is not current between the discharge and the stop).
 - A memory archived by later evidence is in HISTORY at ``T`` when that evidence is clinically no later than
   ``T``, visible, and its successor (if it names one) exists at ``T``; otherwise it is ACTIVE.
 - A memory added straight to HISTORY (a late-arriving older value, a stopped order) is in HISTORY at ``T``
@@ -38,7 +40,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from schemas import Store, StoredMemory
+from schemas import Lifecycle, Store, StoredMemory
 from schemas.query import Visibility
 from stam.errors import IsolationBreach
 from stam.stores.rows import row_of
@@ -114,6 +116,15 @@ class Timeline:
     """What the memory's vector is: ``c:<concept embedding text>`` (shared by every value of a coded concept)
     or ``m:<memory id>`` (a free-text memory's own vector)."""
     index: dict[str, int] = field(default_factory=dict)
+    encounter: tuple[str | None, ...] = ()
+    """The encounter each memory belongs to (``Encounter/<hadm_id>``), None for none."""
+    value_text: tuple[str | None, ...] = ()
+    """A value that is not a number (a sex, a care unit, an organism), its first characters."""
+    enc_end: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Per memory whose lifecycle ends with its encounter: when the encounter ended, by its own record (``inf``:
+    no end recorded, or a memory that does not end with its encounter)."""
+    enc_end_rec: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    """The record that says so (-1: none)."""
     vectors: np.ndarray | None = None
     """Distinct unit vectors (rows); ``vec_row[i]`` is memory i's row. Filled by :meth:`attach_vectors`."""
     vec_row: np.ndarray | None = None
@@ -142,7 +153,8 @@ class Timeline:
         if n == 0:
             return cls._empty(patient_id, version)
         (mids, pids, entries, positions_in, categories, sources, concepts, displays, units, dosages, values, starts,
-         ends, in_hists, evidences, successors, reasons_in, embed_keys_in, ended_ats) = zip(*rows_in, strict=True)
+         ends, in_hists, evidences, successors, reasons_in, embed_keys_in, ended_ats, encounters,
+         value_texts, lifecycles) = zip(*rows_in, strict=True)
         if any(p != patient_id for p in pids):
             other = next(m for m, p in zip(mids, pids, strict=True) if p != patient_id)
             raise IsolationBreach(f"memory {other} of another patient in this patient's records")
@@ -207,12 +219,30 @@ class Timeline:
         # Versions of one source resource join a thread position by position (a panel's components are
         # different concepts of one resource and stay apart).
         positions = [f"{sources[i]}#{positions_in[i]}" if sources[i] else None for i in take]
+        encounter: tuple[str | None, ...] = interned(encounters)
+        category: tuple[str, ...] = interned(categories)
+        # An open interval ends no later than its encounter (a pharmacy stop recorded after the discharge): each
+        # memory's encounter end, from the encounter's own record that says it ended (a discharge).
+        closing: dict[str, tuple[float, int]] = {}
+        for i in range(n):
+            enc = encounter[i]
+            if enc is not None and category[i] == "encounter" and source[i] == enc and np.isfinite(t_end[i]) \
+                    and (enc not in closing or t_end[i] < closing[enc][0]):
+                closing[enc] = (float(t_end[i]), i)
+        ends_with = {v: Lifecycle(v).ends_with_encounter for v in set(lifecycles) if v}
+        enc_end = np.full(n, np.inf)
+        enc_end_rec = np.full(n, -1, dtype=np.int32)
+        for i in range(n):
+            enc = encounter[i]
+            if enc is not None and enc in closing and ends_with.get(lifecycles[take[i]], False):
+                enc_end[i], enc_end_rec[i] = closing[enc]
         return cls(patient_id=patient_id, version=version, ids=ids, entry_ids=col(entries),
-                   category=interned(categories), source=source, resource=resource, concept=concept,
+                   category=category, source=source, resource=resource, concept=concept,
                    display=interned(displays), unit=interned(units), dosage=interned(dosages), value=value,
                    t_start=t_start, t_end=t_end, t_add=t_add, kind=kind, t_ended=t_ended, succ=succ, evid=evid,
                    covered=covered, reason=reason, thread=threads(concept, positions, succ),
-                   embed_keys=col(embed_keys_in), index=index)
+                   embed_keys=col(embed_keys_in), index=index, encounter=encounter,
+                   value_text=col(value_texts), enc_end=enc_end, enc_end_rec=enc_end_rec)
 
     @classmethod
     def _empty(cls, patient_id: str, version: int) -> Timeline:
@@ -221,7 +251,8 @@ class Timeline:
         return cls(patient_id=patient_id, version=version, ids=(), entry_ids=(), category=(), source=(), resource=(),
                    concept=(), display=(), unit=(), dosage=(), value=f, t_start=f, t_end=f, t_add=f,
                    kind=np.zeros(0, dtype=np.int8), t_ended=f, succ=i32, evid=i32, covered=np.zeros(0, dtype=bool),
-                   reason=(), thread=i32, embed_keys=(), index={})
+                   reason=(), thread=i32, embed_keys=(), index={}, encounter=(), value_text=(), enc_end=f,
+                   enc_end_rec=i32)
 
     def attach_vectors(self, keys: Sequence[str], matrix: np.ndarray) -> None:
         """Distinct vectors by embed key (rows of ``matrix``, in the order of ``keys``); normalised here."""
@@ -260,6 +291,12 @@ class Timeline:
         placed = self.kind == PLACED
         open_ = placed & ~self.covered & np.isfinite(self.t_start) & np.isfinite(self.t_add) & \
             (self.t_start <= t) & (t < self.t_add)
+        # ... and no later than its encounter, once the record of the encounter's end exists (and is visible).
+        closed = self.enc_end <= t
+        if closed.any():
+            rec = self.enc_end_rec[closed]
+            closed[closed] = vis[rec]
+            open_ &= ~closed
         present = ((self.t_add <= t) | open_) & vis
         succ_ok = np.ones(n, dtype=bool)  # no successor, or the successor exists in this view
         has = self.succ != NO_SUCCESSOR

@@ -135,6 +135,11 @@ def _statement(category: Category, display: str, value: float | None, unit: str 
     if category is Category.OBSERVATION:
         shown = (f"{value:g} {unit or ''}".strip() if value is not None else value_text) or "recorded"
         return f"{display}: {shown} ({_date(start)})"
+    if category is Category.OTHER and (value is not None or value_text):
+        # A fact with a value and no clinical category (a patient's sex, age): its value is the fact, and it may hold
+        # throughout the record (no time of its own).
+        shown = f"{value:g} {unit or ''}".strip() if value is not None else str(value_text)
+        return f"{display}: {shown}" + (f" ({_date(start)})" if start else "")
     parts = [f"{category.value.capitalize()}: {display}"]
     if dosage:
         parts.append(f"dosage {dosage}")

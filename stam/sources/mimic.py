@@ -53,9 +53,13 @@ read as UTC (they are shifted to the 2100s by de-identification anyway). A row t
 subject, a bad time) becomes a :class:`BadInput` with the row re-serialised as CSV and the reason.
 
 ``prescriptions`` rows are folded into the pharmacy order they belong to (same ``pharmacy_id``); a
-prescription without a pharmacy row becomes its own MedicationRequest. ``patients``, ``drgcodes``,
-``provider`` and ``caregiver`` carry no clinical fact of the record and are not read (``dod`` is taken
-from ``patients`` as a death Observation when no admission recorded the death).
+prescription without a pharmacy row becomes its own MedicationRequest. ``patients`` gives the patient's
+demographics with the admissions (one ``Patient`` entry, ``mimic-iv:patients:<subject_id>``, lifecycle state, with
+no clinical time: it holds throughout the record): the sex (``gender``), the age in the anchor year
+(``anchor_age``: MIMIC's de-identified age, 91 for every patient older than 89) and that anchor year (the age at a
+time T is ``anchor_age + year(T) - anchor_year``, an estimate to a year: the birthday is not recorded); and ``dod``
+as a death Observation when no admission recorded the death. ``drgcodes``, ``provider`` and ``caregiver`` carry no
+clinical fact of the record and are not read.
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ SYS_ENCOUNTER = MIMIC_CS + "mimic-encounter-concept"
 SYS_ICD9_PROC = MIMIC_CS + "mimic-procedure-icd9"
 SYS_ICD10_PCS = "http://www.cms.gov/Medicare/Coding/ICD10"
 SYS_HCPCS = "http://www.cms.gov/Medicare/Coding/HCPCSReleaseCodeSets"
+SYS_PATIENT = MIMIC_CS + "mimic-patient"
+LOINC_SEX = "76689-9"
+"""LOINC "Sex assigned at birth" (MIMIC's ``gender``)."""
+LOINC_AGE = "30525-0"
+"""LOINC "Age" (MIMIC's ``anchor_age``: the age in the anchor year)."""
+ANCHOR_YEAR = "anchor-year"
+"""The code of the anchor year: the de-identified calendar year in which the patient's age is ``anchor_age``."""
 
 # Tables read, in the order their rows are considered when two events share a clinical time.
 TABLES: tuple[str, ...] = (
@@ -217,6 +228,7 @@ class _Lookups:
     poe_detail: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     emar_dose: dict[str, str] = field(default_factory=dict)
     dod: dict[str, str] = field(default_factory=dict)
+    patients: dict[str, Row] = field(default_factory=dict)
 
 
 def _load_lookups(root: Path, subjects: set[str] | None) -> _Lookups:
@@ -234,6 +246,7 @@ def _load_lookups(root: Path, subjects: set[str] | None) -> _Lookups:
         if r.get("dose_given") and r["emar_id"] not in lk.emar_dose:
             lk.emar_dose[r["emar_id"]] = f"{r['dose_given']} {r.get('dose_given_unit') or ''}".strip()
     for r in iter_table(root, "patients", subjects):
+        lk.patients[r["subject_id"]] = r
         if r.get("dod"):
             lk.dod[r["subject_id"]] = r["dod"]
     return lk
@@ -290,7 +303,8 @@ class _Builder:
             raise SourceError(f"{table} row {key} has no time")
         began = entry.effective_at
         phase = 0 if key.endswith(":stop") and began is not None and began < sort_time else 1
-        self.out.append((sort_time, len(TABLES) if last else TABLES.index(table), phase, self._seq, entry))
+        rank = -1 if table == "patients" else len(TABLES) if last else TABLES.index(table)
+        self.out.append((sort_time, rank, phase, self._seq, entry))
         self._seq += 1
         self.result.tables[table].entries += 1
 
@@ -313,6 +327,7 @@ class _Builder:
                 self.result.tables["admissions"].bad += 1
                 self.result.bad.append(BadInput("admissions.csv", self.subject.encode(), "SourceError",
                                                 f"MIMIC-IV death time: {exc}"))
+            self._demographics()
         self.out.sort(key=lambda x: (x[0], x[1], x[2], x[3]))
         return [e for *_, e in self.out]
 
@@ -351,6 +366,35 @@ class _Builder:
                   resource_type="Observation", effective_at=when, recorded_at=when, status="final",
                   codes=(Coding(system=CodeSystem.SNOMED.value, code="419620001", display="Death"),),
                   value=Quantity(text="deceased"))
+
+    def _demographics(self) -> None:
+        """The patient's sex, age in the anchor year and that year (one ``Patient`` entry with three facts), first in
+        the record: it has no clinical time of its own and holds throughout the record."""
+        r = self.lk.patients.get(self.subject)
+        if r is None or not self.out:
+            return
+        table = self.result.tables["patients"]
+        table.rows += 1
+        parts: list[tuple[Coding, Quantity]] = []
+        if _clean(r.get("gender")):
+            parts.append((Coding(system=CodeSystem.LOINC.value, code=LOINC_SEX, display="Sex"),
+                          Quantity(text=r["gender"].strip())))
+        age, year = _num(r.get("anchor_age")), _num(r.get("anchor_year"))
+        if age is not None and year is not None:
+            parts.append((Coding(system=CodeSystem.LOINC.value, code=LOINC_AGE, display="Age in the anchor year"),
+                          Quantity(value=age, unit="years")))
+            parts.append((Coding(system=SYS_PATIENT, code=ANCHOR_YEAR, display="Anchor year of the age"),
+                          Quantity(value=year)))
+        if not parts:
+            table.bad += 1
+            self.result.bad.append(BadInput("patients.csv", _row_bytes(r), "SourceError",
+                                            "MIMIC-IV patients row: neither gender nor anchor_age/anchor_year"))
+            return
+        first = min(t for t, *_ in self.out)
+        self.emit("patients", self.subject, first, source_ref=f"Patient/{self.subject}", resource_type="Patient",
+                  lifecycle=Lifecycle.STATE, codes=tuple(c for c, _ in parts), components=tuple(parts),
+                  attributes={"gender": r.get("gender") or None, "anchor_age": age, "anchor_year": year,
+                              "anchor_year_group": r.get("anchor_year_group") or None})
 
     def _transfers(self, r: Row) -> None:
         start, end = parse_mimic_time(r["intime"], "intime"), parse_mimic_time(r.get("outtime"), "outtime")

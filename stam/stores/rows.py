@@ -13,13 +13,13 @@ from typing import Any
 
 import orjson
 
-from schemas import Store, StoredMemory
+from schemas import LIFECYCLE_BY_CATEGORY, Category, Store, StoredMemory
 
 FIELDS = ("memory_id", "patient_id", "entry_id", "position", "category", "source_ref", "concept", "display", "unit",
           "dosage", "value", "effective_start", "effective_end", "in_history", "evidence_id", "successor_id", "reason",
-          "embed_key", "ended_at")
+          "embed_key", "ended_at", "encounter_id", "value_text", "lifecycle")
 """Times are seconds since the epoch (None when absent)."""
-ROW_VERSION = 3
+ROW_VERSION = 4
 TEXT_CHARS = 160
 
 
@@ -33,7 +33,8 @@ def row_of(record: dict[str, Any]) -> list[Any]:
             _epoch(m.get("effective_end")),
             record["store"] == Store.HISTORY.value, record.get("evidence_id"), record.get("successor_id"),
             record.get("reason"), f"c:{m['embed_text']}" if c and m.get("embed_text") else f"m:{m['memory_id']}",
-            _epoch(record.get("ended_at"))]
+            _epoch(record.get("ended_at")), m.get("encounter_id"), (m.get("value_text") or None) and
+            m["value_text"][:TEXT_CHARS], m.get("lifecycle") or LIFECYCLE_BY_CATEGORY[Category(m["category"])].value]
 
 
 def _epoch(value: str | None) -> float | None:

@@ -180,3 +180,47 @@ def test_a_deleted_memory_is_absent_at_every_time_and_its_chain_reads_as_if_it_n
     assert set(now.memories) == {"a", "c"} and now.memories["a"].successor_id == "c"
     for year in (2009, 2011, 2013, 2015):  # the read path's timeline over the live rows agrees
         assert timeline_active(events, t(year)) == active(events, t(year)), year
+
+
+def test_a_stop_recorded_after_the_discharge_is_not_current_after_the_discharge() -> None:
+    """A pharmacy stop written after the admission ended (its stop time later than the discharge) arrives already
+    ended; inside its own interval it held, but an inpatient order holds no longer than its admission: between the
+    discharge and the stop it is not current, in the log replay and in the timeline alike."""
+    from schemas import Lifecycle
+
+    admit, dc, stop_at = datetime(2182, 1, 7, tzinfo=UTC), datetime(2182, 1, 10, 16, tzinfo=UTC), \
+        datetime(2182, 1, 10, 21, tzinfo=UTC)
+    start_time = datetime(2182, 1, 10, tzinfo=UTC)
+
+    def encounter_mem(mid: str, end: datetime | None) -> AtomicMemory:
+        return AtomicMemory(memory_id=mid, patient_id="p", entry_id=mid, position=0, category=Category.ENCOUNTER,
+                            text=mid, effective_start=admit, effective_end=end, source_ref="Encounter/1",
+                            encounter_id="Encounter/1", lifecycle=Lifecycle.ENCOUNTER)
+
+    def order_mem(mid: str, end: datetime | None) -> AtomicMemory:
+        return AtomicMemory(memory_id=mid, patient_id="p", entry_id=mid, position=0, category=Category.MEDICATION,
+                            text=mid, effective_start=start_time, effective_end=end, source_ref="pharmacy/1",
+                            encounter_id="Encounter/1", lifecycle=Lifecycle.INTERVAL)
+
+    admission, discharge = encounter_mem("admission", None), encounter_mem("discharge", dc)
+    start, stop = order_mem("start", None), order_mem("stop", stop_at)
+
+    def archive(mid: str, evidence: str, reason: Reason, version: int) -> TransitionEvent:
+        return TransitionEvent(transition_id=f"t-arch-{mid}", patient_id="p", entry_id=evidence, sequence=1,
+                               kind=TransitionKind.ARCHIVED, memory_id=mid, from_store=Store.ACTIVE,
+                               to_store=Store.HISTORY, reason=reason, evidence_id=evidence, clinical_time=dc,
+                               recorded_at=t(2030), state_version=version)
+
+    events = [added(admission, 1), added(start, 2), added(discharge, 3, Store.HISTORY, Reason.ENCOUNTER_ENDED),
+              archive("admission", "discharge", Reason.SUPERSEDED, 3),
+              archive("start", "discharge", Reason.ENCOUNTER_ENDED, 3),
+              added(stop, 4, Store.HISTORY, Reason.STOPPED)]
+    half = datetime(2182, 1, 10, 12, tzinfo=UTC)
+    after_dc, after_stop = datetime(2182, 1, 10, 18, tzinfo=UTC), datetime(2182, 1, 11, tzinfo=UTC)
+    assert "start" in active(events, half)
+    assert active(events, after_dc) == set() and active(events, after_stop) == set()
+    for when in (half, after_dc, after_stop):
+        assert timeline_active(events, when) == active(events, when), when
+    # Without the discharge the stop's interval stands: it held until its own end.
+    before = [e for e in events if "discharge" not in (e.memory_id, e.evidence_id)]
+    assert "stop" in active(before, after_dc) and timeline_active(before, after_dc) == active(before, after_dc)

@@ -93,3 +93,41 @@ def test_relative_times_resolve_against_the_clinical_clock() -> None:
 def test_the_time_of_a_changed_order_names_the_order_not_the_point_of_view() -> None:
     i = parse("What was the Heparin order of 2148-01-20 10:00:00 changed into?", NOW)
     assert i.at is None and i.about == at(2148, 1, 20, 10)
+
+
+@pytest.mark.parametrize(("question", "kind", "scope", "hours", "category"), [
+    ("Is the patient currently receiving insulin?", "active", None, None, None),
+    ("As of 2148-01-28 20:06:00, is the patient currently receiving Heparin?", "active", None, None, None),
+    ("How has the PTT changed since the first measurement of this admission?", "change", "stay", None, None),
+    ("What was the highest Creatinine (Blood) value within the first day of this admission?", "highest", "first", 24,
+     None),
+    ("What was the most recent Potassium (Blood) value at hour 344 of the stay?", "current", "hour", 344, None),
+    ("What changed at discharge: which of the patient's medication orders did the discharge end?", "discharge",
+     "discharge", None, "medication"),
+    ("What changed at discharge?", "discharge", "discharge", None, None),
+    ("Which medication orders were still active at discharge?", "discharge", "discharge", None, "medication"),
+    ("What was the creatinine at discharge?", "current", "discharge", None, None),
+    ("How many diagnoses were billed for this admission?", "count", "stay", None, "condition"),
+    ("Which diagnoses were billed for this admission?", "current", "stay", None, "condition"),
+    ("Which medication was administered most often during this stay?", "most_frequent", "stay", None,
+     "administration"),
+    ("How many doses of heparin were given within the first 48 hours of the prescription?", "count", "first", 48,
+     None),
+    ("How old is the patient?", "age", None, None, None),
+    ("What is the patient's sex?", "sex", None, None, None),
+    ("When was the patient discharged?", "admission", None, None, None),
+    ("Where was the patient discharged to?", "admission", None, None, None),
+    ("How many hospital admissions does the patient have?", "count", None, None, None),
+])
+def test_encounter_words_kinds_and_categories(question: str, kind: str, scope: str | None, hours: float | None,
+                                              category: str | None) -> None:
+    got = parse(question, NOW)
+    assert (got.kind, got.scope, got.hours, got.category) == (kind, scope, hours, category), got
+
+
+def test_a_scope_names_no_time_of_its_own_and_the_first_day_is_not_the_first_value() -> None:
+    got = parse("What was the highest Creatinine (Blood) value within the first day of this admission?", NOW)
+    assert got.at is None and got.start is None and got.needs_history
+    assert parse("What was the first creatinine of this admission?", NOW).kind == "first"
+    assert parse("How many doses of heparin were given within the first day of the prescription?", NOW).scope_of \
+        == "order"

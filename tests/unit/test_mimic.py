@@ -33,7 +33,7 @@ def by_id(result: Any) -> dict[str, Any]:
 
 def test_every_row_is_accounted_for(patient: Any) -> None:
     counts = patient.counts()
-    assert set(counts) == set(TABLES)
+    assert set(counts) == {*TABLES, "patients"}  # patients: read with the admissions (the demographics entry)
     assert not patient.bad
     for table, c in counts.items():
         if table == "prescriptions":  # folded into the pharmacy order of the same pharmacy_id
@@ -42,6 +42,8 @@ def test_every_row_is_accounted_for(patient: Any) -> None:
             discharged = sum(1 for e in patient.entries if e.entry_id.endswith(":discharge"))
             deaths = sum(1 for e in patient.entries if e.entry_id.endswith(":death"))
             assert c["entries"] == c["rows"] + discharged + deaths and discharged == c["rows"]
+        elif table == "patients":
+            assert c == {"rows": 1, "entries": 1, "bad": 0, "folded": 0}
         elif table == "pharmacy":  # start + stop, or start only when a POE order is the stop
             assert c["entries"] == 2 * c["rows"] - c["folded"] - sum(
                 1 for e in patient.entries if e.entry_id.startswith("mimic-iv:pharmacy:")
@@ -56,13 +58,34 @@ def test_entries_are_in_clinical_event_order_and_keep_row_identity(patient: Any)
     def event_time(e: Any) -> Any:
         return e.effective_end if e.entry_id.endswith((":stop", ":discharge")) else e.effective_at
 
-    times = [event_time(e) for e in patient.entries]
+    # The demographics entry has no clinical time of its own (it holds throughout the record): it comes first.
+    assert patient.entries[0].entry_id == "mimic-iv:patients:10019917" and event_time(patient.entries[0]) is None
+    times = [event_time(e) for e in patient.entries[1:]]
     assert times == sorted(times)
     ids = by_id(patient)
     assert "mimic-iv:poe:10019917-27" in ids
     lab = next(e for e in patient.entries if e.entry_id.startswith("mimic-iv:labevents:"))
     assert lab.attributes["labevent_id"] == lab.entry_id.rsplit(":", 1)[1]
     assert len(ids) == len(patient.entries)
+
+
+def test_patients_row_gives_sex_age_and_its_anchor_year(patient: Any) -> None:
+    """patients.csv.gz: 10019917,M,44,2182,2014 - 2016 (read by hand). One Patient entry, three facts, lifecycle
+    state, no clinical time; each fact's memory says its value in its text (a reader and a baseline see it)."""
+    from schemas import Lifecycle
+    from stam.reasoning.coded import CodedReasoner
+    from stam.sources.mimic import ANCHOR_YEAR, LOINC_AGE, LOINC_SEX
+
+    e = by_id(patient)["mimic-iv:patients:10019917"]
+    assert (e.resource_type, e.source_ref, e.lifecycle) == ("Patient", "Patient/10019917", Lifecycle.STATE)
+    assert e.effective_at is None and e.effective_end is None and e.encounter is None
+    facts = {c.code: q for c, q in e.components}
+    assert facts[LOINC_SEX].text == "M" and facts[LOINC_AGE].value == 44 and facts[LOINC_AGE].unit == "years"
+    assert facts[ANCHOR_YEAR].value == 2182
+    memories = CodedReasoner().extract(e)
+    assert [m.text for m in memories] == ["Sex: M", "Age in the anchor year: 44 years", "Anchor year of the age: 2182"]
+    assert all(m.lifecycle is Lifecycle.STATE and m.effective_start is None for m in memories)
+    assert len({m.position for m in memories}) == 3  # three threads, not versions of one fact
 
 
 def test_change_order_replaces_the_order_it_discontinues(patient: Any) -> None:

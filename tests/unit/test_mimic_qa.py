@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import re
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -67,7 +68,7 @@ def when(s: str) -> datetime:
 
 def test_same_input_same_questions(demo: list[Question]) -> None:
     assert build_questions(MIMIC) == demo
-    assert PER_PATIENT == 18 and len(demo) == PER_PATIENT * 100 and len({q.question_id for q in demo}) == len(demo)
+    assert PER_PATIENT == 27 and len(demo) == PER_PATIENT * 100 and len({q.question_id for q in demo}) == len(demo)
     assert set(Counter(q.qtype for q in demo)) == set(QTYPES)
     some = build_questions(MIMIC, subjects=list(reversed(PATIENTS)))  # the subset is the full set's questions
     assert some == [q for q in demo if q.patient_id in PATIENTS]
@@ -144,17 +145,24 @@ def test_medication_answers_match_their_rows(every: list[Question]) -> None:
         for r in rows("prescriptions", patient):
             for key in (r["pharmacy_id"], r["poe_id"]):
                 drugs.setdefault(key, set()).add(r["drug"].strip())
+        admissions = {r["hadm_id"]: r for r in rows("admissions", patient)}
         for q in of(every, patient, "current_medication"):
             assert q.as_of is not None
-            for ev in q.evidence:
-                pid = ev.split(":")[2]
-                ph = pharmacy[pid]
-                assert ev.endswith(":start") and when(ph["starttime"] or ph["entertime"]) <= when(q.as_of)
-                assert q.answer in drugs.get(pid, {ph["medication"].strip()})
-                if ph["poe_id"] in poe and poe[ph["poe_id"]]["discontinued_by_poe_id"]:  # not yet discontinued
-                    assert when(poe[poe[ph["poe_id"]]["discontinued_by_poe_id"]]["ordertime"]) > when(q.as_of)
-                elif ph["stoptime"]:
-                    assert when(ph["stoptime"]) > when(q.as_of)
+            (ev,) = q.evidence  # one order started most recently
+            table, key = ev.split(":")[1:3]
+            ph = pharmacy[key] if table == "pharmacy" else None
+            order = poe[ph["poe_id"] if ph else key] if (ph is None or ph["poe_id"]) else None
+            started = (ph["starttime"] or ph["entertime"]) if ph else order["ordertime"]  # type: ignore[index]
+            assert when(started) <= when(q.as_of)
+            assert q.answer in drugs.get(key, set()) | drugs.get(order["poe_id"] if order else "", set()) | (
+                {ph["medication"].strip()} if ph else set())
+            hadm = (ph or order or {}).get("hadm_id")
+            if hadm:  # its admission not yet over
+                assert when(admissions[hadm]["dischtime"]) > when(q.as_of)
+            if order is not None and order["discontinued_by_poe_id"]:  # not yet discontinued
+                assert when(poe[order["discontinued_by_poe_id"]]["ordertime"]) > when(q.as_of)
+            if ph is not None and ph["stoptime"] and not (order and order["discontinued_by_poe_id"]):
+                assert when(ph["stoptime"]) > when(q.as_of)
         for q in of(every, patient, "discontinued_medication"):
             assert q.as_of is not None
             if q.evidence[0].startswith("mimic-iv:poe:"):
@@ -209,12 +217,12 @@ def test_new_templates_hand_checked(heavy: list[Question]) -> None:
          "into?", "Vancomycin 750 mg IV Q 8H", "2112-11-15T16:00:00+00:00",
          ("mimic-iv:poe:10035631-394", "mimic-iv:poe:10035631-430", "mimic-iv:pharmacy:80347361")),
         # Pharmacy 31659569 (Phytonadione, 2182-01-09 08:00 to 13:00, Discontinued; POE 10019917-42 never D/C'd).
-        ("drug_active_at:10019917:pharmacy-31659569-start@21820109T103000",
+        ("drug_active_at:10019917:phytonadione@21820109T103000",
          "As of 2182-01-09 10:30:00, was Phytonadione an active medication order?", "yes",
          "2182-01-09T10:30:00+00:00", ("mimic-iv:pharmacy:31659569:start",)),
         # Epoetin Alfa: POE 10019917-15's two pharmacy rows (49692826, 6636385) expired 2182-01-09 06:00; the next
         # order (10019917-31) is placed later that morning and starts 09:00: at 06:35 none is active.
-        ("drug_active_at:10019917:pharmacy-49692826-start@21820109T063500",
+        ("drug_active_at:10019917:epoetin-alfa@21820109T063500",
          "As of 2182-01-09 06:35:00, was Epoetin Alfa an active medication order?", "no",
          "2182-01-09T06:35:00+00:00", ("mimic-iv:pharmacy:49692826:start", "mimic-iv:pharmacy:49692826:stop",
                                         "mimic-iv:pharmacy:6636385:start", "mimic-iv:pharmacy:6636385:stop")),
@@ -314,18 +322,28 @@ def heavy() -> list[Question]:
 
 
 def _when_published(e: Any) -> datetime:
-    return (e.effective_end if e.entry_id.endswith(":stop") else e.effective_at).replace(tzinfo=None)
+    t = e.effective_end if e.entry_id.endswith(":stop") else e.effective_at or e.recorded_at  # Patient: no time
+    return t.replace(tzinfo=None) if t is not None else datetime.min
+
+
+def _drug(name: str) -> str:
+    """A drug name without a strength in parentheses, any spelling ("Oxycodone-Acetaminophen (5mg-325mg)")."""
+    return " ".join(re.sub(r"\s*\([^()]*\)\s*$", "", name).split()).casefold()
 
 
 class _Orders:
     """One patient's medication orders read from the published entries alone: the entries of each order
-    (source_ref) in publishing order, and the times each was replaced or discontinued by another entry."""
+    (source_ref) in publishing order, the times each was replaced or discontinued by another entry, and when each
+    admission was discharged (its discharge entry)."""
 
     def __init__(self, entries: list[Any]) -> None:
         self.versions: dict[str, list[Any]] = {}
         self.ends: dict[str, list[datetime]] = {}
         self.by_drug: dict[str, set[str]] = {}
+        self.discharged: dict[str, datetime] = {}
         for e in entries:
+            if e.entry_id.endswith(":discharge") and e.effective_end is not None:
+                self.discharged[e.encounter] = e.effective_end.replace(tzinfo=None)
             if e.resource_type not in ("MedicationRequest", "ServiceRequest"):
                 continue
             self.versions.setdefault(e.source_ref, []).append(e)
@@ -334,37 +352,53 @@ class _Orders:
                     self.ends.setdefault(r.target, []).append(_when_published(e))
             for c in e.codes:
                 if c.system == SYS_DRUG and c.display:
-                    self.by_drug.setdefault(c.display.casefold(), set()).add(e.source_ref)
+                    self.by_drug.setdefault(_drug(c.display), set()).add(e.source_ref)
 
     def active(self, drug: str, at: datetime) -> bool:
-        """An order whose latest entry at ``at`` is active and names the drug, not replaced or discontinued since."""
+        """An order whose latest entry at ``at`` is active and names the drug, not replaced or discontinued since,
+        its admission not discharged and its own end time (an entry with one and no stop) not passed."""
         for ref in self.by_drug.get(drug, ()):
             seen = [e for e in self.versions[ref] if _when_published(e) <= at]
             if not seen:
                 continue
             last = seen[-1]
-            names = {c.display.casefold() for c in last.codes if c.system == SYS_DRUG and c.display}
+            names = {_drug(c.display) for c in last.codes if c.system == SYS_DRUG and c.display}
+            discharged = self.discharged.get(last.encounter)
+            own_end = last.effective_end.replace(tzinfo=None) if last.effective_end else None
             if last.status == "active" and drug in names and \
-                    not any(_when_published(last) <= t <= at for t in self.ends.get(ref, ())):
+                    not any(_when_published(last) <= t <= at for t in self.ends.get(ref, ())) and \
+                    (discharged is None or at < discharged) and (own_end is None or at < own_end):
                 return True
         return False
 
 
-def test_drug_active_at_agrees_with_the_published_entries(heavy: list[Question],
-                                                          published: dict[str, list[Any]]) -> None:
+def _asked_drug(q: Question) -> str:
+    text = q.question.split(", ", 1)[1]
+    for head, tail in (("was ", " an active medication order?"), ("is the patient currently receiving ", "?")):
+        if text.startswith(head):
+            return _drug(text.removeprefix(head).removesuffix(tail))
+    raise AssertionError(q.question)
+
+
+def test_yes_no_medication_answers_agree_with_the_published_entries(heavy: list[Question],
+                                                                    published: dict[str, list[Any]]) -> None:
+    """drug_active_at and currently_receiving, checked against the published entries alone (a second reading of
+    the rows: each order's latest entry, its Change/D/C, its admission's discharge entry)."""
     orders = {p: _Orders(entries) for p, entries in published.items()}
     times = {p: {e.entry_id: _when_published(e) for e in entries} for p, entries in published.items()}
-    answers: Counter[str] = Counter()
-    for q in (q for q in heavy if q.qtype == "drug_active_at"):
+    answers: Counter[tuple[str, str]] = Counter()
+    for q in (q for q in heavy if q.qtype in ("drug_active_at", "currently_receiving")):
         assert q.as_of is not None
         at = when(q.as_of)
-        drug = q.question.split(", was ", 1)[1].removesuffix(" an active medication order?").casefold()
-        assert orders[q.patient_id].active(drug, at) == (q.answer == "yes"), q
-        # yes: the entries that opened the active orders; no: the start and end of the order(s) that ended last
+        assert orders[q.patient_id].active(_asked_drug(q), at) == (q.answer == "yes"), q
+        # yes: the entries in effect of the active orders; no: the start and end of the order(s) that ended last
         assert all(times[q.patient_id][ev] < at for ev in q.evidence)
         assert (len(q.evidence) >= 2) if q.answer == "no" else not any(ev.endswith(":stop") for ev in q.evidence)
-        answers[q.answer] += 1
-    assert answers["yes"] > 100 and answers["no"] > 100, answers
+        answers[q.qtype, q.answer] += 1
+    # Ended by the discharge: "no" with the discharge entry as evidence, asked after the admission.
+    after = [q for q in heavy if q.qtype == "currently_receiving" and any(e.endswith(":discharge") for e in q.evidence)]
+    assert after and all(q.answer == "no" for q in after)
+    assert min(answers.values()) > 40, answers
 
 
 def test_every_evidence_id_is_published_for_medication_heavy_patients(heavy: list[Question],
@@ -375,9 +409,45 @@ def test_every_evidence_id_is_published_for_medication_heavy_patients(heavy: lis
         assert q.evidence and set(q.evidence) <= ids[q.patient_id], (q.question_id, set(q.evidence) - ids[q.patient_id])
 
 
-def test_drug_active_at_is_balanced_and_every_template_has_its_share(demo: list[Question]) -> None:
-    answers = Counter(q.answer for q in demo if q.qtype == "drug_active_at")
-    assert set(answers) == {"yes", "no"} and abs(answers["yes"] - answers["no"]) <= 0.1 * sum(answers.values())
+def test_yes_no_templates_are_balanced_and_every_template_has_its_share(demo: list[Question]) -> None:
+    for qtype in ("drug_active_at", "currently_receiving"):
+        answers = Counter(q.answer for q in demo if q.qtype == qtype)
+        assert set(answers) == {"yes", "no"} and abs(answers["yes"] - answers["no"]) <= 0.1 * sum(answers.values())
     per_type = Counter(q.qtype for q in demo)
-    assert min(per_type.values()) >= 120, per_type  # about 1.5 per template and patient (100 patients)
+    assert set(per_type) == set(QTYPES)
+    # about 1.5 per template and patient (100 patients) where the rows give candidates; fewer where they are rare:
+    # an order started most recently that the rows and the published versions agree on, a discharge of an admission
+    # that ended alone
+    assert min(n for t, n in per_type.items() if t not in ("current_medication", "discharge_changes")) >= 110, per_type
+    assert per_type["current_medication"] >= 40 and per_type["discharge_changes"] >= 80, per_type
 
+
+def test_encounter_templates_hand_checked(heavy: list[Question]) -> None:
+    """Read by hand from the CSV rows of 10019917: patients (M, anchor_age 44, anchor_year 2182); admissions
+    22585261 (2182-01-07 23:25:00 to 2182-01-10 16:52:00); diagnoses_icd (seq 1-4); labevents 51222 Hemoglobin (9.6
+    at 01-08 03:57, 10.2 at 01-08 14:49 [240103], 8.3 at 01-09 04:05, 9.9 at 01-10 08:05), 50983 Sodium (140 at 01-08
+    03:57 [240097], 142 at 01-09 05:55); pharmacy rows running at the discharge (stop 21:00 after it, no D/C):
+    10329604 (POE 10019917-30, Cyanocobalamin), 65196717 (-32, FoLIC Acid), 306660 (-36, flush), 50339329 (-49,
+    Pantoprazole), and POE orders -12, -16, -17 (no pharmacy row, no D/C); 22544245 (-33) was discontinued by the D/C
+    10019917-60 at 12:37:20. -30 and -32 were ordered (01-09 07:10:56) after their pharmacy start (01-08 08:00): the
+    POE entry is their newest version at the discharge."""
+    by_id = {q.question_id: q for q in heavy}
+    dc = "2182-01-10T16:52:00+00:00"
+    expected = [
+        ("age:10019917:22585261", "How old is the patient?", "44 years", "2182-01-07T23:25:00+00:00",
+         ("mimic-iv:patients:10019917",)),
+        ("billed_diagnoses:10019917:22585261", "How many diagnoses were billed for this admission?", "4", dc,
+         tuple(f"mimic-iv:diagnoses_icd:22585261:{k}" for k in (1, 2, 3, 4))),
+        ("first_day:10019917:22585261:51222", "What was the highest Hemoglobin (Blood) value within the first day of "
+         "this admission?", "10.2 g/dL", dc, ("mimic-iv:labevents:240103",)),
+        ("hour_n:10019917:22585261:50983", "What was the most recent Sodium (Blood) value at hour 17 of this stay?",
+         "140 mEq/L", dc, ("mimic-iv:labevents:240097",)),
+        ("discharge_changes:10019917:22585261", "What changed at discharge: how many of the patient's medication "
+         "orders did the discharge end?", "7", dc,
+         ("mimic-iv:admissions:22585261:discharge", "mimic-iv:pharmacy:306660:start",
+          "mimic-iv:pharmacy:50339329:start", "mimic-iv:poe:10019917-12", "mimic-iv:poe:10019917-16",
+          "mimic-iv:poe:10019917-17", "mimic-iv:poe:10019917-30", "mimic-iv:poe:10019917-32")),
+    ]
+    for qid, text, answer, as_of, evidence in expected:
+        q = by_id[f"mimic-qa:{qid}"]
+        assert (q.question, q.answer, q.as_of, q.evidence) == (text, answer, as_of, evidence), q
