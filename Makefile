@@ -64,7 +64,7 @@ prometheus:
 # even on 2 cores. TEST_WORKERS=0: one process, as before.
 TEST_WORKERS ?= 3
 test: setup prometheus
-	$(BIN)/python -m pytest -q -ra $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(BIN)/python -m pytest -q -ra --durations=10 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The tests marked `extras` (vLLM's CPU build, the train extra), after installing those parts; `make test` skips
 # them with their reason. Here a skip is a failure (tests/conftest.py), so they really ran.

@@ -228,8 +228,6 @@ def cmd_eval_questions(args: argparse.Namespace) -> int:
 def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
     import tempfile
 
-    from tqdm import tqdm
-
     from stam.embedding import Embedder
     from stam.eval import lifecycle
     from stam.eval.state import replay_mimic
@@ -240,11 +238,8 @@ def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
         print("stam eval lifecycle: --replay keeps a MIMIC-IV replay; Synthea's bundles replay in a minute",
               file=sys.stderr)
         return 2
-    bar = tqdm(desc="replaying", unit=" entries", file=sys.stderr, disable=args.quiet, mininterval=0.5)
-
-    def progress(n: int) -> None:
-        bar.update(n - bar.n)
-
+    bar = LazyBar(desc="replaying", unit=" entries", disable=args.quiet, mininterval=0.5)
+    progress = bar.to
     with tempfile.TemporaryDirectory(prefix="stam-eval-") as work:
         if args.source == "mimic":
             root = Path(args.mimic)

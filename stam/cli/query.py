@@ -51,8 +51,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     from schemas.query import GateMode, QueryRequest
 
-    # The stores; the transition log (the broker) only for --as-of-version.
-    settings = load_settings(needs=("redis", "milvus") + (("broker",) if args.as_of_version is not None else ()))
     as_of = None
     if args.as_of:
         try:
@@ -65,6 +63,9 @@ def cmd_ask(args: argparse.Namespace) -> int:
             from datetime import UTC
 
             as_of = as_of.replace(tzinfo=UTC)
+    # The user's own arguments first (above), then the stores; the transition log (the broker) only for
+    # --as-of-version.
+    settings = load_settings(needs=("redis", "milvus") + (("broker",) if args.as_of_version is not None else ()))
     visibility = None
     if args.exclude_entry or args.exclude_category or args.exclude_source_type:
         from schemas.query import Visibility

@@ -86,7 +86,9 @@ def test_a_hit_brings_the_thread_in_clinical_order(loaded: Any, small_bundle: An
                       key=lambda e: e.effective_at)
     assert hs[-1].source_entry_id == measured[0].entry_id and hs[-1].role == "first"
     line = next(x for x in p.rendered.splitlines() if x.startswith("- Body Height:"))
-    assert line.startswith("- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]; earlier: 83.211 cm at ")
+    # the question's time falls in the record's last encounter (1941-03-29): the current value predates it
+    assert line.startswith("- Body Height: 87.8171 cm at 1941-03-15 07:44 [current] (before this admission, from "
+                           "1941-03-29 07:44); earlier: 83.211 cm at ")
     assert "replaced by" not in p.rendered and line.count("Body Height") == 1  # the successor is not repeated
     (fact,) = p.facts
     assert fact.text == ("Body Height, from the first value (at 1938-04-09 07:44) to the most recent (at 1941-03-15 "

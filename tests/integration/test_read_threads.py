@@ -47,7 +47,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Iterato
 def test_every_template_gets_its_evidence_and_the_rows_answer(replayed: Any, embedder: Any) -> None:
     svc = local_query_service(replayed.deps, embedder=embedder)
     questions = build_questions(MIMIC, subjects=[PATIENT])
-    assert len({q.qtype for q in questions}) == 12
+    assert len({q.qtype for q in questions}) == 16
     later: dict[str, list[datetime]] = {}  # lab results by item, to check nothing stale is served as current
     for e in replayed.entries[PATIENT]:
         if e.entry_id.startswith("mimic-iv:labevents:") and e.effective_at is not None:

@@ -94,6 +94,7 @@ RUNS = [
     Run(("eval", "questions", "--mimic", "/nonexistent/mimic", "--out", "q.jsonl"), code=2, stderr_lines=1),
     Run(("eval", "state", "--mimic", "/nonexistent/mimic", "--subjects", "1"), code=2, stderr_lines=1),
     Run(("eval", "gate", "--mimic", "/nonexistent/mimic"), code=2, stderr_lines=1),
+    Run(("eval", "lifecycle", "--mimic", "/nonexistent/mimic"), code=2, stderr_lines=1),
 ]
 
 NOT_RUN_HERE = {
