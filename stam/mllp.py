@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hl7.mllp import start_hl7_server
 from hl7.mllp.streams import CARRIAGE_RETURN, END_BLOCK, START_BLOCK
@@ -50,6 +50,9 @@ from hl7.mllp.streams import CARRIAGE_RETURN, END_BLOCK, START_BLOCK
 from stam.config import Settings
 from stam.errors import SourceError
 from stam.metrics import MLLP_ACK_SECONDS, MLLP_ACKS, MLLP_CONNECTIONS, MLLP_MESSAGES
+
+if TYPE_CHECKING:
+    from stam.publish import Publisher
 
 log = logging.getLogger("stam.mllp")
 
@@ -261,15 +264,14 @@ class MllpListener:
     """The MLLP server: ``await start()``, then it serves until ``close()``; ``port`` is the bound port."""
 
     def __init__(self, settings: Settings, *, source_system: str | None = None) -> None:
-        from stam.publish import Publisher
-
         if not settings.redis_url:
             from stam.errors import SourceConfigError
 
             raise SourceConfigError("the MLLP listener keeps its acknowledgements in Redis: set STAM_REDIS_URL "
                                     "(or run `stam stack up`)")
         self.settings = settings
-        self.publisher = Publisher(settings, source_system=source_system)
+        self.source_system = source_system
+        self._publisher: Publisher | None = None
         self.allowed = allowed_senders(settings.mllp_allowed_senders)
         self.tls = server_tls(settings)
         self._redis: Any = None
@@ -280,14 +282,21 @@ class MllpListener:
     async def start(self) -> None:
         import redis.asyncio
 
+        from stam.publish import Publisher
         from stam.transport import redis_kwargs
 
-        await self.publisher.__aenter__()
+        self._publisher = Publisher(self.settings, source_system=self.source_system)  # in the loop (aiokafka)
+        await self._publisher.__aenter__()
         self._redis = redis.asyncio.Redis.from_url(self.settings.redis_url, **redis_kwargs(self.settings))
         await self._redis.ping()
         # The reader's limit is the size limit (read_frame handles a block over it); the ACKs are small.
         self._server = await start_hl7_server(self._connected, self.settings.mllp_host, self.settings.mllp_port,
                                               limit=self.settings.mllp_max_message_bytes, ssl=self.tls)
+
+    @property
+    def publisher(self) -> Publisher:
+        assert self._publisher is not None, "start() first"
+        return self._publisher
 
     @property
     def port(self) -> int:
@@ -305,8 +314,9 @@ class MllpListener:
                 task.cancel()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 5)
-        with contextlib.suppress(Exception):
-            await self.publisher.__aexit__(None, None, None)
+        if self._publisher is not None:
+            with contextlib.suppress(Exception):
+                await self._publisher.__aexit__(None, None, None)
         if self._redis is not None:
             with contextlib.suppress(Exception):
                 await self._redis.aclose()

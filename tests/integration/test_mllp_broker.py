@@ -290,7 +290,7 @@ def _listener(s: Any, port: int, log: Path) -> subprocess.Popen[bytes]:
 
 
 async def _send_until_acked(port: int, messages: list[bytes], acks: dict[int, bytes],
-                            after_ack: Callable[[int], None], deadline: float) -> None:
+                            after_ack: Callable[[int], None], deadline: float, alive: Callable[[], None]) -> None:
     """A sender as an integration engine is one: each message resent (on a new connection) until it is
     acknowledged, in order."""
     i = 0
@@ -300,6 +300,7 @@ async def _send_until_acked(port: int, messages: list[bytes], acks: dict[int, by
         try:
             reader, writer = await open_hl7_connection("127.0.0.1", port)
         except OSError:
+            alive()
             await asyncio.sleep(0.2)
             continue
         try:
@@ -332,8 +333,12 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
             asyncio.get_running_loop().call_later(0.005, os.kill, proc.pid, signal.SIGKILL)
             asyncio.get_running_loop().call_later(1.0, lambda: procs.append(_listener(stack_settings, port, log)))
 
+    def alive() -> None:
+        if procs[-1].poll() is not None and procs[-1].returncode != -signal.SIGKILL:
+            raise AssertionError(f"the listener exited ({procs[-1].returncode}): {log.read_text()[-2000:]}")
+
     try:
-        asyncio.run(_send_until_acked(port, messages, acks, after_ack, time.monotonic() + 240))
+        asyncio.run(_send_until_acked(port, messages, acks, after_ack, time.monotonic() + 240, alive))
         # A message acknowledged before the kill, sent again to the restarted listener: its stored ACK.
         again = asyncio.run(exchange(port, [messages[3]]))[0]
     finally:
