@@ -14,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -281,9 +282,9 @@ def _mapped_samples() -> list[str]:
     return names
 
 
-def _listener(s: Any, port: int, log: Path) -> subprocess.Popen[bytes]:
+def _listener(s: Any, port: int, log: Path, **extra: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
-               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_MLLP_PORT=str(port))
+               STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_MLLP_PORT=str(port), **extra)
     with open(log, "ab") as fh:
         return subprocess.Popen([sys.executable, "-m", "stam.cli", "listen", "mllp", "--loglevel", "info"],
                                 cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
@@ -325,13 +326,15 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
     procs = [_listener(stack_settings, port, log)]
     acks: dict[int, bytes] = {}
     killed_at: list[int] = []
+    metrics, web = _free_port(), _free_port()
 
     def after_ack(i: int) -> None:
         if i == 14 and not killed_at:  # the next message is sent as the listener dies
             killed_at.append(i + 1)
             proc = procs[-1]
             asyncio.get_running_loop().call_later(0.005, os.kill, proc.pid, signal.SIGKILL)
-            asyncio.get_running_loop().call_later(1.0, lambda: procs.append(_listener(stack_settings, port, log)))
+            asyncio.get_running_loop().call_later(1.0, lambda: procs.append(_listener(
+                stack_settings, port, log, STAM_METRICS_PORT=str(metrics), STAM_MLLP_WEB_PORT=str(web))))
 
     def alive() -> None:
         if procs[-1].poll() is not None and procs[-1].returncode != -signal.SIGKILL:
@@ -341,12 +344,22 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
         asyncio.run(_send_until_acked(port, messages, acks, after_ack, time.monotonic() + 240, alive))
         # A message acknowledged before the kill, sent again to the restarted listener: its stored ACK.
         again = asyncio.run(exchange(port, [messages[3]]))[0]
+        scraped = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10).read().decode()
+        ready = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{web}/readyz", timeout=10).read())
     finally:
         for proc in procs:
             proc.kill()
             proc.wait(timeout=10)
     assert killed_at and len(procs) == 2 and procs[0].returncode == -signal.SIGKILL
     assert again == acks[3]
+    # The restarted listener's metrics: its ACKs by code, the duplicate, latency; no sender or patient in a label.
+    assert ready["ready"] is True and set(ready["dependencies"]) == {"broker", "redis"}
+    assert 'stam_mllp_messages_total{outcome="duplicate"} 1.0' in scraped
+    aa = float(next(line.split()[-1] for line in scraped.splitlines() if line.startswith('stam_mllp_acks_total{code="AA"}')))
+    assert aa == len(messages) - killed_at[0] + 1
+    assert 'stam_mllp_ack_seconds_count{code="AA"}' in scraped
+    labelled = [line for line in scraped.splitlines() if line.startswith("stam_mllp") and "{" in line]
+    assert not any(word in line for line in labelled for word in ("ADTApp", "MLLP-K9", "hl7v2:"))
     assert [msa(acks[i])[1:3] for i in range(len(messages))] == [["AA", f"MLLP-K9-{i}"] for i in range(len(messages))]
     per_message = [entry_ids(m) for m in messages]
     counts = on_topic(stack_settings, set().union(*per_message))
