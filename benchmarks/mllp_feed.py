@@ -1,7 +1,7 @@
 """MLLP feed benchmark: the 139 shared HL7 v2 samples, repeated to ``--messages`` messages, sent over
 ``--connections`` concurrent MLLP connections to ``stam listen mllp`` (its own process) on the embedded stack.
 
-Each repetition gets its own MSH-10 (``<MSH-10>-r<n>``), so every message is new (not a duplicate answered from the
+Each message gets its own MSH-10 (``r<repetition>-<sample>``), so every message is new (not a duplicate answered from the
 stored ACK), and MSH-15/16 emptied (original mode: 11 samples ask for enhanced mode, some with no accept ACK, which
 a sender does not wait for): the listener maps each, sends its entries with acks=all (or dead-letters it) and only
 then acknowledges it.
@@ -42,8 +42,9 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def messages(n: int, tag: str = "r") -> list[bytes]:
-    """The samples in name order, repeated to ``n`` messages, each repetition with its own MSH-10
-    (``<MSH-10>-<tag><n>``)."""
+    """The samples in name order, repeated to ``n`` messages, each with its own MSH-10 (``<tag><repetition>-<i>``):
+    the samples themselves share control ids (42 distinct (MSH-3, MSH-4, MSH-10) among 139), which a listener
+    rightly answers as duplicates."""
     base = []
     for p in sorted(SAMPLES.glob("*.hl7")):
         raw = p.read_bytes().removeprefix(b"\xef\xbb\xbf").replace(b"\r\n", b"\r").replace(b"\n", b"\r").strip()
@@ -51,11 +52,11 @@ def messages(n: int, tag: str = "r") -> list[bytes]:
     out = []
     r = 0
     while len(out) < n:
-        for raw in base:
+        for i, raw in enumerate(base):
             msh, sep, rest = raw.partition(b"\r")
             f = msh.split(msh[3:4])
             f += [b""] * (16 - len(f))
-            f[9] = f[9] + f"-{tag}{r}".encode()  # MSH-10
+            f[9] = f"{tag}{r}-{i}".encode()  # MSH-10: the samples share control ids (MSG00001...)
             f[14] = f[15] = b""  # MSH-15/16: original mode, every message acknowledged (NE asks for none)
             out.append(msh[3:4].join(f) + sep + rest)
             if len(out) == n:
@@ -151,15 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
                                 milvus_uri=info.milvus_uri, web_port=0)
             asyncio.run(ensure_topics(settings))
-            port = _free_port()
-            env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url,
-                       STAM_REDIS_URL=info.redis_url, STAM_MILVUS_URI=info.milvus_uri, STAM_MLLP_PORT=str(port))
+            port, metrics = _free_port(), _free_port()
+            env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,
+                       STAM_MILVUS_URI=info.milvus_uri, STAM_MLLP_PORT=str(port), STAM_METRICS_PORT=str(metrics))
             log = open(home / "listener.log", "wb")  # noqa: SIM115 - kept open for the process's life
             proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "listen", "mllp", "--loglevel", "warning"],
                                     cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
             _wait_port(port, proc, home / "listener.log")
             warm = asyncio.run(feed(port, messages(139, "warm"), args.connections))
             run = asyncio.run(feed(port, msgs, args.connections))
+            run["listener_outcomes"] = _outcomes(metrics)  # warm-up included
             floor = asyncio.run(raw_produce(settings, messages(args.messages, "floor")))
         finally:
             if proc is not None:
@@ -171,6 +173,18 @@ def main(argv: list[str] | None = None) -> int:
               "listener_share_of_floor": round(run["messages_per_s"] / floor["equivalent_messages_per_s"], 3)}
     print(json.dumps(stamp(report), indent=2))
     return 0
+
+
+def _outcomes(port: int) -> dict[str, float]:
+    """The listener's ``stam_mllp_messages_total`` by outcome."""
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()  # noqa: S310
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("stam_mllp_messages_total{"):
+            out[line.split('outcome="', 1)[1].split('"', 1)[0]] = float(line.split()[-1])
+    return out
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
