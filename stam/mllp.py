@@ -38,7 +38,7 @@ import logging
 import re
 import ssl
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -278,6 +278,7 @@ class MllpListener:
         self._server: asyncio.Server | None = None
         self._keys_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-mllp-keys")
         self._connections: set[asyncio.Task[Any]] = set()
+        self._inflight: dict[str, list[Any]] = {}  # key -> [lock, users]: one message key handled at a time
 
     async def start(self) -> None:
         import redis.asyncio
@@ -375,6 +376,28 @@ class MllpListener:
             return reply("reject", "refused_sender", "sending application/facility not allowed on this listener "
                          "(STAM_MLLP_ALLOWED_SENDERS); not ingested")
         key = ack_key(self.settings.collection_prefix, header) if header is not None and header.control_id else None
+        async with self._one_at_a_time(key):
+            return await self._handle_once(frame, header, key, reply)
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, key: str | None) -> AsyncIterator[None]:
+        """The same message (key) on two connections of this listener at once (a sender retrying on a new
+        connection while its first attempt is in flight): the second waits for the first, then finds its ACK."""
+        if key is None:
+            yield
+            return
+        entry = self._inflight.setdefault(key, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                self._inflight.pop(key, None)
+
+    async def _handle_once(self, frame: Frame, header: Header | None, key: str | None,
+                           reply: Callable[..., Outcome]) -> Outcome:
         try:
             if key is not None:
                 stored = await asyncio.wait_for(self._redis.get(key), self.settings.mllp_broker_timeout_s)

@@ -142,6 +142,20 @@ def test_adt_a01_gets_aa_after_its_entries_are_on_the_topic_and_a_duplicate_gets
     assert on_topic(stack_settings, want) == dict.fromkeys(want, 1)  # ingested once
 
 
+def test_the_same_message_on_two_connections_at_once_is_ingested_once(stack_settings: Any) -> None:
+    _need()
+    msg = sample("LAB-ORU-2.hl7", "MLLP-TWICE-AT-ONCE")
+    want = entry_ids(msg)
+
+    async def run() -> list[list[bytes]]:
+        async with listening(stack_settings) as listener:
+            return list(await asyncio.gather(*(exchange(listener.port, [msg]) for _ in range(4))))
+
+    acks = [a for (a,) in asyncio.run(run())]
+    assert msa(acks[0])[1:3] == ["AA", "MLLP-TWICE-AT-ONCE"] and all(a == acks[0] for a in acks)
+    assert on_topic(stack_settings, want) == dict.fromkeys(want, 1)
+
+
 def test_garbage_and_an_unmappable_message_get_ae_and_are_dead_lettered_with_their_bytes(stack_settings: Any) -> None:
     _need()
     garbage = b"this is not HL7 at all \x00\xff"
