@@ -178,11 +178,7 @@ def test_garbage_and_an_unmappable_message_get_ae_and_are_dead_lettered_with_the
 def test_two_messages_on_one_connection_a_200_kib_oru_and_a_non_ascii_name(stack_settings: Any) -> None:
     _need()
     adt = sample("ADT-A01-02.hl7", "MLLP-A01-2")
-    oru = sample("LAB-ORU-1.hl7", "MLLP-ORU-BIG")
-    head, _, tail = oru.partition(b"\rSPM|")
-    obx = [f"OBX|{i}|NM|{2000 + i}-1^ANALYTE {i}^LN||{i}.5|mg/dL||N|||F|||20141006083000+0700".encode()
-           for i in range(10, 4000)]
-    big = head + b"\r" + b"\r".join(obx)[:200 * 1024 - len(head) - len(tail) - 20].rsplit(b"\r", 1)[0] + b"\rSPM|" + tail
+    big = big_oru("MLLP-ORU-BIG")
     assert 190 * 1024 < len(big) <= 200 * 1024
     name = "Müller^Zoë^Ōtsuka".encode()
     unicode = sample("ADT-A01-01.hl7", "MLLP-A01-UTF8").replace(b"EVERYMAN&&&&Aniston^ADAM", name)
@@ -197,6 +193,15 @@ def test_two_messages_on_one_connection_a_200_kib_oru_and_a_non_ascii_name(stack
     want = entry_ids(adt) | entry_ids(big) | entry_ids(unicode)
     assert len(entry_ids(big)) > 1000
     assert on_topic(stack_settings, want) == dict.fromkeys(want, 1)
+
+
+def big_oru(control_id: str) -> bytes:
+    """LAB-ORU-1 grown to just under 200 KiB with OBX segments (about 2,600 results)."""
+    oru = sample("LAB-ORU-1.hl7", control_id)
+    head, _, tail = oru.partition(b"\rSPM|")
+    obx = [f"OBX|{i}|NM|{2000 + i}-1^ANALYTE {i}^LN||{i}.5|mg/dL||N|||F|||20141006083000+0700".encode()
+           for i in range(10, 4000)]
+    return head + b"\r" + b"\r".join(obx)[:200 * 1024 - len(head) - len(tail) - 20].rsplit(b"\r", 1)[0] + b"\rSPM|" + tail
 
 
 def test_over_the_size_limit_ar_and_the_connection_stays_framed(stack_settings: Any) -> None:
