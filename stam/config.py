@@ -170,6 +170,30 @@ class Settings(BaseSettings):
     query_concurrency: int = Field(default=2, ge=1, le=64, description="Queries a query process works on at "
                                    "once, each on a thread of its own off the event loop")
 
+    # --- HL7 v2 MLLP listener (`stam listen mllp`, stam/mllp.py) ---------------------------------------
+    mllp_host: str = Field(default="127.0.0.1", description="Bind address of the MLLP listener; 0.0.0.0 in a pod")
+    mllp_port: int = Field(default=2575, ge=0, le=65535, description="TCP port of the MLLP listener (2575: the "
+                           "registered HL7 port; 0: any free port)")
+    mllp_max_message_bytes: int = Field(default=1024 * 1024, ge=1024, description="Largest HL7 message accepted "
+                                        "(bytes between the MLLP start and end blocks); a larger one gets AR "
+                                        "(CR in enhanced mode) and is not ingested")
+    mllp_idle_timeout_s: float = Field(default=300.0, gt=0, description="A connection with no message for this long "
+                                       "is closed (the sender reconnects)")
+    mllp_broker_timeout_s: float = Field(default=15.0, gt=0, description="How long a message may wait for the "
+                                         "broker's acknowledgement (acks=all) before the sender gets AR (retry)")
+    mllp_tls_certfile: Path | None = Field(default=None, description="Server certificate (PEM): the listener "
+                                           "speaks TLS; unset: plain TCP")
+    mllp_tls_keyfile: Path | None = Field(default=None, description="Key of the server certificate")
+    mllp_tls_client_cafile: Path | None = Field(default=None, description="CA bundle of the senders' client "
+                                                "certificates: mutual TLS, a sender without one is refused")
+    mllp_allowed_senders: str = Field(default="", description="Comma-separated MSH-3 sending applications, each "
+                                      "optionally with its MSH-4 facility as APP^FACILITY (namespace ids; * any); "
+                                      "others get AR. Empty: any sender")
+    mllp_ack_ttl_s: int = Field(default=7 * 86400, ge=60, description="How long a message's acknowledgement is "
+                                "kept in Redis to answer a resend of the same (MSH-3, MSH-4, MSH-10) with it")
+    mllp_web_port: int = Field(default=0, ge=0, le=65535, description="HTTP port of the listener's GET /healthz "
+                               "and /readyz (on STAM_WEB_HOST); 0: none")
+
     @model_validator(mode="after")
     def _transport_consistent(self) -> Settings:
         """Security settings that contradict each other fail at start, in one line, not at the first connect."""
@@ -183,6 +207,11 @@ class Settings(BaseSettings):
                              f"{self.kafka_security_protocol} (SSL or SASL_SSL uses them)")
         if bool(self.kafka_ssl_certfile) != bool(self.kafka_ssl_keyfile):
             raise ValueError("STAM_KAFKA_SSL_CERTFILE and STAM_KAFKA_SSL_KEYFILE go together (mutual TLS)")
+        if bool(self.mllp_tls_certfile) != bool(self.mllp_tls_keyfile):
+            raise ValueError("STAM_MLLP_TLS_CERTFILE and STAM_MLLP_TLS_KEYFILE go together (the listener's TLS)")
+        if self.mllp_tls_client_cafile and not self.mllp_tls_certfile:
+            raise ValueError("STAM_MLLP_TLS_CLIENT_CAFILE needs STAM_MLLP_TLS_CERTFILE and STAM_MLLP_TLS_KEYFILE "
+                             "(mutual TLS is TLS)")
         if self.redis_ssl_cafile and self.redis_url and not self.redis_url.startswith("rediss://"):
             raise ValueError("STAM_REDIS_SSL_CAFILE needs a rediss:// STAM_REDIS_URL (TLS)")
         return self

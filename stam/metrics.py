@@ -64,3 +64,12 @@ QUERY_SERVED_TOKENS = Histogram(
 LLM_SECONDS = Histogram(
     "stam_llm_seconds", "Duration of successful language-model calls (retries included)",
     buckets=(0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0))
+
+# The HL7 v2 MLLP listener (stam/mllp.py): no sender, patient or control id in any label.
+MLLP_MESSAGES = Counter("stam_mllp_messages_total", "HL7 v2 messages received over MLLP, by outcome: accepted, "
+                        "dead_lettered, duplicate, refused_sender, too_large, unavailable, no_ack", ["outcome"])
+MLLP_ACKS = Counter("stam_mllp_acks_total", "Acknowledgements sent, by code (AA, AE, AR, CA, CE, CR)", ["code"])
+MLLP_ACK_SECONDS = Histogram(
+    "stam_mllp_ack_seconds", "From a message's last byte to its acknowledgement written, by code", ["code"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
+MLLP_CONNECTIONS = Gauge("stam_mllp_connections", "Open MLLP connections")

@@ -4,6 +4,7 @@
                                 up restarts only dead processes, status exits 1 when one is dead
   stam worker                   run the write-path workers (extract, link, impact, update)
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
+  stam listen mllp              HL7 v2 over MLLP, each message acknowledged once it is on a topic
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
@@ -40,6 +41,7 @@ from stam.cli import (
     demo,
     erasure,
     evaluate,
+    listen,
     publish,
     query,
     serve,
@@ -57,7 +59,7 @@ __all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "m
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).
-GROUPS = (stack, worker, publish, query, serve, train, transitions, state, deadletters, erasure, deletion, demo,
+GROUPS = (stack, worker, publish, listen, query, serve, train, transitions, state, deadletters, erasure, deletion, demo,
           evaluate)
 
 

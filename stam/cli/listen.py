@@ -1,0 +1,121 @@
+"""``stam listen mllp``: a live HL7 v2 MLLP listener that acknowledges a message once it is on a topic."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from stam.cli.common import load_settings
+
+
+async def _serve(listener: Any, settings: Any, announce: bool) -> None:
+    from workers.ops import Readiness
+
+    await listener.start()
+    web = None
+    readiness = Readiness(settings)
+    readiness.checks.pop("milvus", None)  # the listener uses the broker and Redis only
+    if settings.mllp_web_port:
+        web = await _web(settings, readiness)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if announce:
+        scheme = "MLLP over TLS" if listener.tls else "MLLP"
+        print(f"stam listen mllp: {scheme} on {settings.mllp_host}:{listener.port}", file=sys.stderr, flush=True)
+    logging.getLogger("stam.mllp").info("listening on %s:%s", settings.mllp_host, listener.port)
+    try:
+        await stop.wait()
+    finally:
+        if web is not None:
+            await web.cleanup()
+        await readiness.aclose()
+        await listener.close()
+
+
+async def _web(settings: Any, readiness: Any) -> Any:
+    """GET /healthz (the loop answers) and /readyz (the broker and Redis answer) on STAM_WEB_HOST:STAM_MLLP_WEB_PORT."""
+    from aiohttp import web
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    async def readyz(_: web.Request) -> web.Response:
+        body = await readiness.status()
+        return web.json_response(body, status=200 if body["ready"] else 503)
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, settings.web_host, settings.mllp_web_port).start()
+    return runner
+
+
+def cmd_listen_mllp(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis"))
+    overrides = {k: v for k, v in (("mllp_host", args.host), ("mllp_port", args.port)) if v is not None}
+    if overrides:
+        settings = settings.model_copy(update=overrides)
+
+    from aiokafka.errors import KafkaError
+
+    from stam.errors import PortInUse, SourceConfigError
+    from stam.mllp import MllpListener
+    from workers.ops import claim_port, start_metrics
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an outage is answered AR and counted, not logged
+    logging.getLogger("stam.mllp").setLevel(getattr(logging, args.loglevel.upper(), logging.INFO))
+    try:
+        if settings.mllp_port:
+            claim_port(settings.mllp_host, settings.mllp_port, "STAM_MLLP_PORT")
+        if settings.mllp_web_port:
+            claim_port(settings.web_host, settings.mllp_web_port, "STAM_MLLP_WEB_PORT")
+        start_metrics(settings)
+        listener = MllpListener(settings, source_system=args.source_system)
+    except (PortInUse, SourceConfigError) as exc:
+        print(f"stam listen mllp: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # TLS files that cannot be read or do not match
+        print(f"stam listen mllp: TLS (STAM_MLLP_TLS_*): {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(listener, settings, announce=not args.quiet))
+    except (KafkaError, OSError) as exc:
+        print(f"stam listen mllp: cannot start: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (is the "
+              f"stack up: `stam stack status`, or the STAM_* URLs?)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            print("stam listen mllp: stopped", file=sys.stderr)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("listen", help="live listeners (HL7 v2 over MLLP)",
+                       description="Live feeds into the entries topic.")
+    kinds = p.add_subparsers(dest="listener", required=True)
+    m = kinds.add_parser("mllp", help="HL7 v2 over MLLP, acknowledged once durable (AA/AE/AR; CA/CE/CR)",
+                         description="Accepts HL7 v2 messages over MLLP (persistent connections, one message in "
+                         "flight per connection) and acknowledges each on the same socket only after its entries "
+                         "are on the entries topic (acks=all): AA; or after it is on the dead-letter topic with its "
+                         "bytes and reason (malformed or not mappable): AE with an ERR segment; AR when the broker "
+                         "or Redis is unavailable (send it again), the message is over STAM_MLLP_MAX_MESSAGE_BYTES "
+                         "or its sender is not on STAM_MLLP_ALLOWED_SENDERS. MSH-15/16 select enhanced mode "
+                         "(CA/CE/CR). A resend of the same (MSH-3, MSH-4, MSH-10) gets the stored acknowledgement "
+                         "and is not ingested again. Settings: STAM_MLLP_* (docs/mllp.md); metrics on "
+                         "STAM_METRICS_PORT, /healthz and /readyz on STAM_MLLP_WEB_PORT. Stops on SIGINT/SIGTERM.")
+    m.add_argument("--host", default=None, help="bind address (default: STAM_MLLP_HOST, 127.0.0.1)")
+    m.add_argument("--port", type=int, default=None, help="TCP port (default: STAM_MLLP_PORT, 2575; 0: any free)")
+    m.add_argument("--source-system", default=None, help="sign every entry as this source system (its secret from "
+                   "STAM_SOURCES / STAM_SOURCES_FILE), as `stam publish --source-system`")
+    m.add_argument("--loglevel", default="info", help="debug, info, warning or error (default: info)")
+    m.add_argument("--quiet", action="store_true", help="do not print the listening address")
+    m.set_defaults(fn=cmd_listen_mllp)
