@@ -83,6 +83,11 @@ class LLMUnavailable(Transient, ConnectionError):
     outage, not the entry's fault, so the worker holds the partition and retries (``workers.common``)."""
 
 
+class ListenerUnavailable(Transient):
+    """The MLLP listener's broker or Redis did not take a message in time: the sender gets AR and sends it again
+    (``stam.mllp``); nothing was acknowledged."""
+
+
 # --- a user's or operator's mistake, configuration, the stack ----------------------------------------------------
 class InputRefused(StamError):
     """A user's own mistake on the command line (a path that does not exist, an empty or non-clinical file):

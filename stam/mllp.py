@@ -48,7 +48,7 @@ from hl7.mllp import start_hl7_server
 from hl7.mllp.streams import CARRIAGE_RETURN, END_BLOCK, START_BLOCK
 
 from stam.config import Settings
-from stam.errors import SourceError
+from stam.errors import ListenerUnavailable, SourceError
 from stam.metrics import MLLP_ACK_SECONDS, MLLP_ACKS, MLLP_CONNECTIONS, MLLP_MESSAGES
 
 if TYPE_CHECKING:
@@ -249,10 +249,6 @@ def server_tls(settings: Settings) -> ssl.SSLContext | None:
 
 # --- the listener -----------------------------------------------------------------------------------------
 
-class Unavailable(Exception):
-    """The broker or Redis did not take the message in time: the sender gets AR and retries."""
-
-
 @dataclass
 class Outcome:
     ack: bytes | None
@@ -409,7 +405,7 @@ class MllpListener:
                 await asyncio.wait_for(self._redis.set(key, result.ack or b"", ex=self.settings.mllp_ack_ttl_s),
                                        self.settings.mllp_broker_timeout_s)
             return result
-        except (Unavailable, TimeoutError, ConnectionError, OSError) as exc:
+        except (ListenerUnavailable, TimeoutError, ConnectionError, OSError) as exc:
             return reply("reject", "unavailable", f"not stored, send it again: {_unavailable(exc)}")
         except Exception as exc:
             from aiokafka.errors import KafkaError
@@ -458,7 +454,7 @@ class MllpListener:
         try:
             return await asyncio.wait_for(work, self.settings.mllp_broker_timeout_s)
         except TimeoutError:
-            raise Unavailable(f"the broker or Redis did not answer within {self.settings.mllp_broker_timeout_s:g} s "
+            raise ListenerUnavailable(f"the broker or Redis did not answer within {self.settings.mllp_broker_timeout_s:g} s "
                               "(STAM_MLLP_BROKER_TIMEOUT_S)") from None
 
 
