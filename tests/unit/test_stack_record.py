@@ -3,10 +3,10 @@ partly dead stack is refused by name, never replaced by defaults."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,17 +21,26 @@ def _record(home: Path, procs: dict[str, stack.Process], stopped: bool = False) 
     stack._write(home, info)
 
 
-def test_a_reused_pid_is_not_the_recorded_process() -> None:
-    me = stack.Process(name="redis", cmd=[sys.executable], port=1, data="", log="", pid=os.getpid())
+@pytest.fixture
+def running() -> Any:
+    """A process of its own (this test process's title may have been rewritten by a library, as Ray's is)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_reused_pid_is_not_the_recorded_process(running: Any) -> None:
+    me = stack.Process(name="redis", cmd=[sys.executable], port=1, data="", log="", pid=running.pid)
     assert stack._runs(me)
-    other = stack.Process(name="redis", cmd=["/usr/bin/redis-server"], port=1, data="", log="", pid=os.getpid())
+    other = stack.Process(name="redis", cmd=["/usr/bin/redis-server"], port=1, data="", log="", pid=running.pid)
     assert not stack._runs(other)
 
 
-def test_require_names_the_dead_process_and_a_stopped_stack(tmp_path: Path) -> None:
+def test_require_names_the_dead_process_and_a_stopped_stack(tmp_path: Path, running: Any) -> None:
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    alive = stack.Process(name="broker", cmd=[sys.executable], port=11, data="", log="", pid=os.getpid())
+    alive = stack.Process(name="broker", cmd=[sys.executable], port=11, data="", log="", pid=running.pid)
     gone = stack.Process(name="redis", cmd=[sys.executable], port=22, data="", log="", pid=dead.pid)
     _record(tmp_path, {"broker": alive, "redis": gone})
     assert stack.require(tmp_path, ("broker",)) is not None  # what the command needs runs
