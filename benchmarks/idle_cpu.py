@@ -23,38 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.write_path import DATA, REPO, _free_port
+from benchmarks.write_path import DATA, REPO, CpuMeter, _free_port
 from stam.eval.provenance import stamp
 
 WARM_PATIENT = "idle-warmup"
 WARM_BUNDLE = "7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"  # its first entry, as another patient
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live children."""
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    total = 0.0
-    for q in procs:
-        try:
-            t = q.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
-
-
 def measure(pids: dict[str, int], seconds: float) -> dict[str, Any]:
     """Each process's CPU over ``seconds`` of wall time, as a percentage of one core."""
-    started, before = time.monotonic(), {n: _cpu_s(p) for n, p in pids.items()}
+    meter = CpuMeter(pids)  # each process with its children, less the other named ones
     time.sleep(seconds)
-    wall, after = time.monotonic() - started, {n: _cpu_s(p) for n, p in pids.items()}
-    per = {n: round(100 * (after[n] - before[n]) / wall, 2) for n in pids}
+    spent, wall = meter.spent()
+    per = {n: round(100 * spent[n] / wall, 2) for n in pids}
     return {"seconds": round(wall, 1), "cpu_pct_of_one_core": per,
             "total_pct_of_one_core": round(sum(per.values()), 2)}
 

@@ -135,10 +135,14 @@ class CpuMeter:
             out[name] = total
         return out
 
+    def spent(self) -> tuple[dict[str, float], float]:
+        """CPU seconds of each named process since the meter began, and the wall seconds."""
+        now, wall = self._read(), time.monotonic() - self.started
+        return {n: max(0.0, now.get(n, 0.0) - self.base.get(n, 0.0)) for n in self.pids}, wall
+
     def report(self, entries: int) -> dict[str, Any]:
         """CPU seconds per component and in all, ms per entry, and how busy the machine's cores were."""
-        now, wall = self._read(), time.monotonic() - self.started
-        spent = {n: max(0.0, now.get(n, 0.0) - self.base.get(n, 0.0)) for n in self.pids}
+        spent, wall = self.spent()
         total = sum(spent.values())
         cores = os.cpu_count() or 1
         return {"cpu_s": {n: round(v, 1) for n, v in spent.items()}, "cpu_s_total": round(total, 1),
