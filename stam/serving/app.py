@@ -92,6 +92,25 @@ def _use_llama_adapter(llm: Any, adapter: Any | None) -> None:
         raise RuntimeError(f"llama.cpp refused to set the LoRA adapters ({rc})")
 
 
+async def _finish_even_if_cancelled(generation: asyncio.Future[Any]) -> Any:
+    """Await a generation on the replica's llama.cpp context, and keep waiting for it if this request is cancelled
+    (a client that timed out or went away): a thread cannot be stopped, so the lock around the context is held until
+    the thread is done. Released early, the next request (often the client's own retry) would decode on the same
+    context at the same time, and llama.cpp aborts the whole replica (GGML_ASSERT in ggml-cpu/ops.cpp)."""
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(generation)
+        except asyncio.CancelledError:
+            if generation.done():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
+
+
 def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
     from fastapi import FastAPI, HTTPException
     from ray import serve
@@ -148,7 +167,7 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
 
             async with self.lock:
                 started = time.perf_counter()
-                out: dict[str, Any] = await asyncio.to_thread(generate)
+                out: dict[str, Any] = await _finish_even_if_cancelled(asyncio.ensure_future(asyncio.to_thread(generate)))
             out["model"] = adapter or self.cfg.model_id
             out.setdefault("usage", {})["seconds"] = round(time.perf_counter() - started, 3)
             return out

@@ -147,3 +147,44 @@ def test_weights_registry() -> None:
     assert MODELS["qwen2.5-coder-0.5b-instruct-q4_k_m"].size == 491_400_064
     with pytest.raises(WeightsError, match="unknown model"):
         ensure_gguf("no-such-model")
+
+
+def test_a_cancelled_request_holds_the_llama_context_until_its_generation_ends() -> None:
+    """A client that times out and retries: the retry must not decode on the replica's one llama.cpp context while
+    the abandoned generation still runs in its thread (llama.cpp aborts the replica: GGML_ASSERT)."""
+    import asyncio
+    import threading
+    import time
+
+    from stam.serving.app import _finish_even_if_cancelled
+
+    running: list[str] = []
+    overlaps: list[str] = []
+    guard = threading.Lock()
+
+    def generate(tag: str) -> str:
+        with guard:
+            running.append(tag)
+            if len(running) > 1:
+                overlaps.append(tag)
+        time.sleep(0.3)
+        with guard:
+            running.remove(tag)
+        return tag
+
+    async def main() -> None:
+        lock = asyncio.Lock()
+
+        async def request(tag: str) -> str:
+            async with lock:
+                return await _finish_even_if_cancelled(asyncio.ensure_future(asyncio.to_thread(generate, tag)))
+
+        first = asyncio.create_task(request("abandoned"))
+        await asyncio.sleep(0.05)
+        first.cancel()
+        assert await request("retry") == "retry"
+        with pytest.raises(asyncio.CancelledError):
+            await first
+
+    asyncio.run(main())
+    assert overlaps == []
