@@ -122,13 +122,26 @@ def test_an_hl7_visit_through_the_broker_ends_with_its_discharge_and_a_cancelled
     assert all(x["from_store"] == "history" and x["to_store"] == "active" for x in restored.values())
 
 
-def test_all_1215_bulk_notes_become_note_memories_of_their_patient(stack_settings: Any, worker: Any) -> None:
+def test_bulk_notes_of_12_patients_become_note_memories_of_their_patient(stack_settings: Any, worker: Any,
+                                                                         tmp_path: Any) -> None:
+    """The bulk export's notes, interleaved across 12 of its 13 patients (507 notes), through the broker and the
+    worker. The 13th patient's 708 notes are left out for the suite's time only (they took 2 of the test's 4
+    minutes); the mapping of all 1,215 is checked without the broker in tests/unit/test_fhir_ndjson.py."""
     _need(NOTES)
+    from collections import Counter
+
     from stam.sources.fhir_r4 import parse_time
 
-    raw = [json.loads(line) for line in NOTES.read_text().splitlines()]
-    summary = asyncio.run(publish_paths(stack_settings, [NOTES]))
-    assert summary.sent == len(raw) == 1215 and summary.dead_lettered == 0
+    lines = NOTES.read_text().splitlines()
+    per_patient = Counter(json.loads(line)["subject"]["reference"] for line in lines)
+    largest = max(per_patient, key=per_patient.__getitem__)
+    keep = [line for line in lines if json.loads(line)["subject"]["reference"] != largest]
+    notes = tmp_path / "DocumentReference.000.ndjson"
+    notes.write_text("\n".join(keep) + "\n")
+    raw = [json.loads(line) for line in keep]
+    summary = asyncio.run(publish_paths(stack_settings, [notes]))
+    assert summary.sent == len(raw) == 507 and len({r["subject"]["reference"] for r in raw}) == 12
+    assert summary.dead_lettered == 0
     by_ref = {f"DocumentReference/{r['id']}": r for r in raw}
     want = set(by_ref)
     added: dict[str, Any] = {}
