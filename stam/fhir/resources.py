@@ -291,7 +291,7 @@ def provenance(transition: TransitionEvent, version: Version, targets: list[Ref]
     what: dict[str, Any] = {"identifier": {"system": ENTRY_SYSTEM, "value": derived_id("entry", transition.entry_id)}}
     if evidence is not None:
         what["reference"] = evidence.relative
-    activity = {"coding": [{"system": DATA_OPERATION, "code": "UPDATE", "display": "revise"}]}
+    activity: dict[str, Any] = {"coding": [{"system": DATA_OPERATION, "code": "UPDATE", "display": "revise"}]}
     if transition.reason is not None:
         activity["text"] = f"{transition.kind.value}: {transition.reason.value}"
     out: dict[str, Any] = {

@@ -53,7 +53,8 @@ def make_app(*, store: SubscriptionStore, notifier: Notifier | None, base: str, 
             if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
                 return _error(401, "login", "a bearer token is required (STAM_FHIR_TOKEN)")
         try:
-            return await handler(request)
+            response: web.StreamResponse = await handler(request)
+            return response
         except web.HTTPException as exc:
             if exc.status >= 400 and request.path.startswith("/fhir"):
                 return _error(exc.status, "not-found" if exc.status == 404 else "processing", exc.reason)

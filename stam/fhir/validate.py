@@ -85,8 +85,8 @@ def _models(version: Version) -> tuple[Any, Any]:
         from fhir.resources import get_fhir_model_class
         from fhir.resources.bundle import Bundle
     else:
-        from fhir.resources.R4B import get_fhir_model_class  # type: ignore[assignment,no-redef]
-        from fhir.resources.R4B.bundle import Bundle  # type: ignore[assignment,no-redef]
+        from fhir.resources.R4B import get_fhir_model_class
+        from fhir.resources.R4B.bundle import Bundle  # type: ignore[assignment]
     return Bundle, get_fhir_model_class
 
 
