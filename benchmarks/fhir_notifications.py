@@ -238,6 +238,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             lat["applied_to_notified"].append(r.at - applied)
             per_topic[topic].append(r.at - sent[entry_id])
     return {
+        "benchmark": "fhir_notifications",
         "feed": {"entries": len(feed), "synthea_entries": len(synthea), "mimic_entries": len(feed) - len(synthea),
                  "warmup_entries": len(warm), "rate_per_s": args.rate, "seconds": round(seconds, 1)},
         "subscriptions": len(TOPICS) * len(VERSIONS), "notifications": len(receiver.got), "events": events,
