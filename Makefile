@@ -94,7 +94,7 @@ bench: setup
 bench-idle: setup
 	$(BIN)/python -m benchmarks.idle_cpu
 
-# FHIR Subscriptions on the hospital feed (a Synthea patient, then MIMIC-IV interleaved, 40 entries/s): latency from an
+# FHIR Subscriptions on the hospital feed (a Synthea patient, then MIMIC-IV interleaved, 10 entries/s): latency from an
 # entry published to its notification received, p50/p99, per topic; three validated notification Bundles per topic
 # and version into docs/results/fhir-notifications.json (~5 min). JSON on stdout.
 bench-fhir: setup

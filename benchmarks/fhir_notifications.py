@@ -20,7 +20,7 @@ Evidence: the first three event notifications of each topic and version, each ch
 ``--demo``: the short version for ``make demo-fhir``: one Synthea patient, one R5 ``id-only`` Subscription to
 ``fact-superseded``; prints the handshake and the first notification received, then stops.
 
-Usage: python -m benchmarks.fhir_notifications [--entries 2000] [--rate 40] [--warmup 300] [--out PATH] [--demo]
+Usage: python -m benchmarks.fhir_notifications [--entries 1000] [--rate 10] [--warmup 300] [--out PATH] [--demo]
 """
 
 from __future__ import annotations
@@ -254,9 +254,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--entries", type=int, default=2000, help="MIMIC-IV feed entries measured (after the Synthea patient)")
+    p.add_argument("--entries", type=int, default=1000, help="MIMIC-IV feed entries measured (after the Synthea patient)")
     p.add_argument("--warmup", type=int, default=300, help="feed entries applied first, not measured")
-    p.add_argument("--rate", type=float, default=40.0, help="entries/s published (0: flat out)")
+    p.add_argument("--rate", type=float, default=10.0, help="entries/s published (0: flat out)")
     p.add_argument("--out", type=Path, default=REPO / "docs" / "results" / "fhir-notifications.json")
     p.add_argument("--demo", action="store_true", help="one patient, one subscription, print its first notification")
     args = p.parse_args()
