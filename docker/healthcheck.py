@@ -1,8 +1,9 @@
 """Container HEALTHCHECK of the worker image: GET /healthz on the process's own web port (no curl needed).
 
-The write worker serves it on STAM_WEB_PORT (6066), the query worker on STAM_QUERY_WEB_PORT (6067), the MLLP
-listener on STAM_MLLP_WEB_PORT (6068 in compose), the FHIR endpoint on STAM_FHIR_PORT (8090); one image runs them all, so the first port that answers 200 makes the container healthy. /healthz says the process is alive;
-/readyz (broker, Redis, Milvus, model) is for orchestrators that route traffic.
+The write worker serves it on STAM_WEB_PORT (6066), the query worker on STAM_QUERY_WEB_PORT (6067), the MLLP listener
+on STAM_MLLP_WEB_PORT (6068 in compose), the FHIR endpoint on STAM_FHIR_PORT (8090); one image runs them all, so the
+first port that answers 200 makes the container healthy. /healthz says the process is alive; /readyz (broker, Redis,
+Milvus, model) is for orchestrators that route traffic.
 """
 
 import os
