@@ -4,7 +4,8 @@ A fresh embedded stack, one write-path worker and ``stam listen fhir`` (each its
 receiver on loopback over HTTPS (its own certificate, trusted through ``STAM_FHIR_ENDPOINT_CAFILE``). One
 ``full-resource`` Subscription per topic and FHIR version (4 topics x R4B, R5). The feed is the MIMIC-IV demo's
 hospital feed (``benchmarks.hospital_feed``: patients interleaved by clinical time) after one Synthea patient (its
-conditions resolve, which MIMIC's billing diagnoses never do), published at ``--rate`` entries/s (below the
+conditions resolve, which MIMIC's billing diagnoses never do) and one whole MIMIC-IV admission (its discharge ends
+its orders), published at ``--rate`` entries/s (below the
 worker's capacity, so the figure is the pipeline's latency, not a backlog's), after ``--warmup`` entries of other
 patients that are not measured (the model load, the groups' joins).
 
@@ -13,7 +14,8 @@ Latency of each event: from its entry published (the time just before the send) 
 identifier is a uuid5 of the entry id). Split at the transition's recorded time (Provenance.recorded): entry in to
 transition applied, and transition applied to notification received. p50/p99/max, per topic too.
 
-Evidence: the first three event notifications of each topic and version, each checked by ``stam.fhir.validate``
+Evidence: three event notifications or more of each topic and version (the first of each kind of focus, see
+``pick``), each checked by ``stam.fhir.validate``
 (fhir.resources R4B/R5 and the IG's FHIRPath invariants), written with the figures to ``--out``
 (``docs/results/fhir-notifications.json``). JSON summary on stdout.
 
@@ -37,10 +39,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.hospital_feed import load_feed, stack_with_workers
+from benchmarks.hospital_feed import MIMIC, load_feed, stack_with_workers
 from benchmarks.write_path import REPO, _free_port
 
 VERSIONS = ("R4B", "R5")
+MIMIC_PATIENT = "10019917"
+"""One whole MIMIC-IV admission (267 entries: 41 medication orders, a discharge), published after the Synthea patient:
+the feed's first entries hold no discharge (its patients are aligned to start together), this one does."""
+SAMPLES = 3
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -132,6 +138,31 @@ async def _publish_at(settings: Any, entries: list[Any], rate: float | None, sen
             await pub.send_entries(part, PublishSummary())
 
 
+def pick(bundles: list[dict[str, Any]], entry_of: dict[str, str]) -> list[dict[str, Any]]:
+    """Evidence: the first notification of each kind of focus (its resource type, and the source of its entry: a
+    FHIR resource keeps its id, HL7 v2 or MIMIC-IV gets a derived one), up to 5, then the earliest to make 3."""
+    from stam.fhir.resources import ENTRY_SYSTEM
+
+    def key(bundle: dict[str, Any]) -> tuple[str, str]:
+        res = [e.get("resource") or {} for e in bundle["entry"][1:]]
+        prov = next((r for r in res if r.get("resourceType") == "Provenance"), {})
+        ident = (prov.get("entity") or [{}])[0].get("what", {}).get("identifier", {})
+        entry = entry_of.get(ident.get("value", "")) if ident.get("system") == ENTRY_SYSTEM else None
+        return (res[0].get("resourceType", "?") if res else "?", (entry or "?").split(":", 1)[0])
+
+    chosen, seen = [], set()
+    for b in bundles:
+        if key(b) not in seen and len(chosen) < 5:
+            seen.add(key(b))
+            chosen.append(b)
+    for b in bundles:
+        if len(chosen) >= SAMPLES:
+            break
+        if b not in chosen:
+            chosen.append(b)
+    return chosen
+
+
 def demo() -> int:
     from tests.integration.fhir_receiver import Receiver
 
@@ -168,11 +199,14 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     from stam.fhir.resources import ENTRY_SYSTEM, derived_id
     from stam.fhir.topics import TOPICS
     from stam.fhir.validate import check_notification
+    from stam.sources.mimic import iter_mimic
     from tests.integration.fhir_receiver import Receiver
 
     synthea = _synthea_patient()
-    hospital = load_feed(None)
-    warm, feed = hospital[:args.warmup], synthea + hospital[args.warmup:args.warmup + args.entries]
+    admitted = [e for batch in iter_mimic(MIMIC, subjects=[MIMIC_PATIENT]) for e in batch]
+    hospital = [e for e in load_feed(None) if e.patient_id != MIMIC_PATIENT]
+    warm = hospital[:args.warmup]
+    feed = synthea + admitted + hospital[args.warmup:args.warmup + args.entries]
     entry_of = {derived_id("entry", e.entry_id): e.entry_id for e in feed}
     with tempfile.TemporaryDirectory(prefix="stam-bench-fhir-") as tmp:
         home = Path(tmp)
@@ -209,7 +243,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     lat: dict[str, list[float]] = {"total": [], "to_applied": [], "applied_to_notified": []}
     per_topic: dict[str, list[float]] = {t: [] for t in TOPICS}
-    samples: dict[str, list[dict[str, Any]]] = {}
+    candidates: dict[str, list[dict[str, Any]]] = {}
     problems: list[str] = []
     events = 0
     from datetime import datetime
@@ -222,8 +256,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         if r.type != "event-notification":
             continue
         events += len(r.numbers)
-        if len(samples.setdefault(r.hook, [])) < 3:
-            samples[r.hook].append(r.bundle)
+        candidates.setdefault(r.hook, []).append(r.bundle)
         for e in r.bundle["entry"][1:]:
             res = e.get("resource") or {}
             if res.get("resourceType") != "Provenance":
@@ -237,9 +270,11 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             lat["to_applied"].append(applied - sent[entry_id])
             lat["applied_to_notified"].append(r.at - applied)
             per_topic[topic].append(r.at - sent[entry_id])
+    samples = {hook: pick(bundles, entry_of) for hook, bundles in candidates.items()}
     return {
         "benchmark": "fhir_notifications",
-        "feed": {"entries": len(feed), "synthea_entries": len(synthea), "mimic_entries": len(feed) - len(synthea),
+        "feed": {"entries": len(feed), "synthea_entries": len(synthea), "mimic_patient_entries": len(admitted),
+                 "mimic_entries": len(feed) - len(synthea),
                  "warmup_entries": len(warm), "rate_per_s": args.rate, "seconds": round(seconds, 1)},
         "subscriptions": len(TOPICS) * len(VERSIONS), "notifications": len(receiver.got), "events": events,
         "validation_problems": problems[:20], "bundles_checked": len(receiver.got),

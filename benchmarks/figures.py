@@ -145,8 +145,11 @@ def render_fhir_notifications(report: dict[str, Any]) -> str:
             ["entry published to transition applied", *_lat(report["latency_entry_to_transition"])],
             ["transition applied to notification received", *_lat(report["latency_transition_to_notification"])]]
     rows += [[f"topic `{t}` (entry to notification)", *_lat(v)] for t, v in report["latency_by_topic"].items()]
-    head = (f"{fmt(feed['entries'])} entries ({fmt(feed['synthea_entries'])} of one Synthea patient, then "
-            f"{fmt(feed['mimic_entries'])} of the MIMIC-IV hospital feed) at {fmt(feed['rate_per_s'])} entries/s, "
+    admission = feed.get("mimic_patient_entries", 0)
+    parts = f"{fmt(feed['synthea_entries'])} of one Synthea patient, " + (
+        f"{fmt(admission)} of one MIMIC-IV admission, " if admission else "")
+    head = (f"{fmt(feed['entries'])} entries ({parts}then {fmt(feed['mimic_entries'] - admission)} of the MIMIC-IV "
+            f"hospital feed) at {fmt(feed['rate_per_s'])} entries/s, "
             f"{fmt(report['subscriptions'])} full-resource Subscriptions over HTTPS (each topic, R4B and R5); "
             f"{fmt(report['events'])} events in {fmt(report['notifications'])} notifications, every Bundle checked: "
             f"{fmt(len(report['validation_problems']))} problems")
