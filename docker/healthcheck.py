@@ -1,8 +1,9 @@
 """Container HEALTHCHECK of the worker image: GET /healthz on the process's own web port (no curl needed).
 
-The write worker serves it on STAM_WEB_PORT (6066), the query worker on STAM_QUERY_WEB_PORT (6067), the MLLP
-listener on STAM_MLLP_WEB_PORT (6068 in compose); one image runs them all, so the first port that answers 200 makes the container healthy. /healthz says the process is alive;
-/readyz (broker, Redis, Milvus, model) is for orchestrators that route traffic.
+The write worker serves it on STAM_WEB_PORT (6066), the query worker on STAM_QUERY_WEB_PORT (6067), the MLLP listener
+on STAM_MLLP_WEB_PORT (6068 in compose), the FHIR endpoint on STAM_FHIR_PORT (8090); one image runs them all, so the
+first port that answers 200 makes the container healthy. /healthz says the process is alive; /readyz (broker, Redis,
+Milvus, model) is for orchestrators that route traffic.
 """
 
 import os
@@ -12,7 +13,7 @@ import urllib.request
 
 def main() -> int:
     ports = [os.environ.get("STAM_WEB_PORT", "6066"), os.environ.get("STAM_QUERY_WEB_PORT", "6067"),
-             os.environ.get("STAM_MLLP_WEB_PORT", "0")]
+             os.environ.get("STAM_MLLP_WEB_PORT", "0"), os.environ.get("STAM_FHIR_PORT", "0")]
     for port in dict.fromkeys(p for p in ports if p and p != "0"):
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=3) as resp:  # noqa: S310

@@ -194,6 +194,36 @@ class Settings(BaseSettings):
     mllp_web_port: int = Field(default=0, ge=0, le=65535, description="HTTP port of the listener's GET /healthz "
                                "and /readyz (on STAM_WEB_HOST); 0: none")
 
+    # --- FHIR topic-based Subscriptions (`stam listen fhir`, stam/fhir/) -------------------------------
+    fhir_host: str = Field(default="127.0.0.1", description="Bind address of the FHIR Subscriptions endpoint; 0.0.0.0 "
+                           "in a pod")
+    fhir_port: int = Field(default=8090, ge=0, le=65535, description="HTTP(S) port of the FHIR endpoint (base /fhir); "
+                           "0: any free port")
+    fhir_base_url: str = Field(default="", description="The endpoint's public base URL as subscribers reach it (in "
+                               "notifications' references); empty: http(s)://STAM_FHIR_HOST:port/fhir")
+    fhir_tls_certfile: Path | None = Field(default=None, description="Server certificate (PEM) of the FHIR endpoint: "
+                                           "it speaks HTTPS; unset: HTTP")
+    fhir_tls_keyfile: Path | None = Field(default=None, description="Key of the FHIR endpoint's certificate")
+    fhir_endpoint_cafile: Path | None = Field(default=None, description="CA bundle that signs subscribers' https "
+                                              "endpoints; unset: the system's trust store")
+    fhir_allow_plain_loopback: bool = Field(default=False, description="Accept full-resource Subscriptions to an "
+                                            "http:// endpoint on loopback (127.0.0.1, ::1, localhost) only: for "
+                                            "tests and a demo on one machine; any other host still needs https")
+    fhir_token: SecretStr | None = Field(default=None, description="Bearer token every /fhir request must carry; "
+                                         "unset: none (bind to loopback or put it behind the hospital's gateway)")
+    fhir_group: str = Field(default="stam-fhir-subscriptions", description="Consumer group of the notifier on the "
+                            "transitions topic")
+    fhir_delivery_timeout_s: float = Field(default=10.0, gt=0, description="Default timeout of one notification POST "
+                                           "(a Subscription's own timeout wins)")
+    fhir_delivery_attempts: int = Field(default=3, ge=1, description="Tries of one notification before its events "
+                                        "are left for $events and the Subscription's status is error")
+    fhir_retry_s: float = Field(default=2.0, gt=0, description="Wait between tries of a notification (doubled each "
+                                "try)")
+    fhir_events_kept: int = Field(default=1000, ge=1, description="Events kept per Subscription for $events (the "
+                                  "oldest dropped first)")
+    fhir_events_ttl_s: int = Field(default=7 * 86400, ge=60, description="How long a Subscription's events are kept "
+                                   "for $events after the last one")
+
     @model_validator(mode="after")
     def _transport_consistent(self) -> Settings:
         """Security settings that contradict each other fail at start, in one line, not at the first connect."""
@@ -212,6 +242,8 @@ class Settings(BaseSettings):
         if self.mllp_tls_client_cafile and not self.mllp_tls_certfile:
             raise ValueError("STAM_MLLP_TLS_CLIENT_CAFILE needs STAM_MLLP_TLS_CERTFILE and STAM_MLLP_TLS_KEYFILE "
                              "(mutual TLS is TLS)")
+        if bool(self.fhir_tls_certfile) != bool(self.fhir_tls_keyfile):
+            raise ValueError("STAM_FHIR_TLS_CERTFILE and STAM_FHIR_TLS_KEYFILE go together (the FHIR endpoint's TLS)")
         if self.redis_ssl_cafile and self.redis_url and not self.redis_url.startswith("rediss://"):
             raise ValueError("STAM_REDIS_SSL_CAFILE needs a rediss:// STAM_REDIS_URL (TLS)")
         return self

@@ -641,6 +641,9 @@ def _erase_redis(client: redis.Redis, prefix: str, patient_id: str, report: Repo
     deleted = rest[0] if rest else 0
     report.removed["redis_keys"] = int(deleted)
     report.removed["patients_set"] = int(srem)
+    from stam.fhir.store import erase_patient_subscriptions
+
+    report.removed["fhir_subscriptions"] = erase_patient_subscriptions(client, prefix, patient_id)
     report.steps["redis"] = f"deleted {int(deleted)} keys by exact name"
 
 

@@ -88,6 +88,12 @@ class ListenerUnavailable(Transient):
     (``stam.mllp``); nothing was acknowledged."""
 
 
+class SubscriberUnreachable(Transient):
+    """A FHIR Subscription's rest-hook endpoint did not take a notification (a connection error, a timeout, a
+    non-2xx answer): retried, then the events are left for the subscriber to recover with ``$events``
+    (``stam.fhir.notifier``)."""
+
+
 # --- a user's or operator's mistake, configuration, the stack ----------------------------------------------------
 class InputRefused(StamError):
     """A user's own mistake on the command line (a path that does not exist, an empty or non-clinical file):
@@ -112,6 +118,11 @@ class PortInUse(StamError):
 
 class SourceConfigError(StamError):
     """The configured source systems cannot be read (a user's configuration mistake)."""
+
+
+class SubscriptionRefused(StamError, ValueError):
+    """A FHIR Subscription that cannot be accepted as asked (an unknown topic or filter, a channel other than
+    rest-hook, ``full-resource`` to an endpoint without TLS): answered 400/422 with an OperationOutcome."""
 
 
 class TokenConfigError(StamError):

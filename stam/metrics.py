@@ -73,3 +73,15 @@ MLLP_ACK_SECONDS = Histogram(
     "stam_mllp_ack_seconds", "From a message's last byte to its acknowledgement written, by code", ["code"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0))
 MLLP_CONNECTIONS = Gauge("stam_mllp_connections", "Open MLLP connections")
+
+# FHIR topic-based Subscriptions (stam/fhir/): no subscription, patient or endpoint in any label.
+FHIR_NOTIFICATIONS = Counter("stam_fhir_notifications_total", "Notification Bundles POSTed to subscribers, by type "
+                             "(handshake, heartbeat, event-notification) and outcome: sent, failed (one try that "
+                             "failed), dropped (left for $events after the last try)", ["type", "outcome"])
+FHIR_EVENTS = Counter("stam_fhir_events_total", "Subscription events generated from transitions, by topic and "
+                      "outcome: numbered, duplicate (a redelivered transition), erased (its patient was erased: "
+                      "nothing sent)", ["topic", "outcome"])
+FHIR_DELIVERY_SECONDS = Histogram(
+    "stam_fhir_delivery_seconds", "From a transition applied (its recorded_at) to the subscriber's 2xx for the "
+    "notification that carried it", buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0))
+FHIR_SUBSCRIPTIONS = Gauge("stam_fhir_subscriptions", "Subscriptions this process delivers, by status", ["status"])

@@ -5,6 +5,7 @@
   stam worker                   run the write-path workers (extract, link, impact, update)
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam listen mllp              HL7 v2 over MLLP, each message acknowledged once it is on a topic
+  stam listen fhir              transitions out as FHIR R4B/R5 topic-based Subscription notifications (base /fhir)
   stam transitions              print transitions from the transitions topic
   stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records

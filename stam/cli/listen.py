@@ -98,9 +98,109 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
+    import ssl
+
+    from aiohttp import web
+
+    from stam.compose import redis_client
+    from stam.crypto import sealer_for
+    from stam.fhir.notifier import Notifier, base_url
+    from stam.fhir.server import make_app
+    from stam.fhir.store import SubscriptionStore
+    from stam.stores.redis_state import RedisStateStore
+    from workers.ops import Readiness
+
+    client = redis_client(settings)
+    sealer = sealer_for(settings, client)
+    store = SubscriptionStore(client, sealer, prefix=settings.collection_prefix, kept=settings.fhir_events_kept,
+                              ttl_s=settings.fhir_events_ttl_s)
+    tls = None
+    if settings.fhir_tls_certfile:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(str(settings.fhir_tls_certfile), str(settings.fhir_tls_keyfile))
+    readiness = Readiness(settings)
+    readiness.checks.pop("milvus", None)  # the notifier uses the broker and Redis only
+    runner = None
+    notifier = None
+    try:
+        # The port first (0: any free one), so the base URL in notifications is the one subscribers reach.
+        placeholder = web.AppRunner(web.Application(), access_log=None)
+        await placeholder.setup()
+        site = web.TCPSite(placeholder, settings.fhir_host, port, ssl_context=tls, reuse_address=True)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await placeholder.cleanup()
+        base = base_url(settings, port, tls is not None)
+        notifier = Notifier(settings, store, RedisStateStore(client, prefix=settings.collection_prefix), sealer, base)
+        await notifier.start()
+        token = settings.fhir_token.get_secret_value() if settings.fhir_token else None
+        app = make_app(store=store, notifier=notifier, base=base, allow_plain_loopback=settings.fhir_allow_plain_loopback,
+                       token=token, readiness=readiness, max_events=settings.fhir_events_kept)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, settings.fhir_host, port, ssl_context=tls, reuse_address=True).start()
+        if announce:
+            print(f"stam listen fhir: FHIR Subscriptions on {base}", file=sys.stderr, flush=True)
+        logging.getLogger("stam.fhir").info("FHIR endpoint on %s", base)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        work = asyncio.create_task(notifier.run())
+        halt = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait({work, halt}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            work.result()  # the notifier died: its error, not a silent stop
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if notifier is not None:
+            await notifier.close()
+        await readiness.aclose()
+
+
+def cmd_listen_fhir(args: argparse.Namespace) -> int:
+    settings = load_settings(needs=("broker", "redis"))
+    overrides = {k: v for k, v in (("fhir_host", args.host), ("fhir_port", args.port)) if v is not None}
+    if overrides:
+        settings = settings.model_copy(update=overrides)
+
+    from aiokafka.errors import KafkaError
+
+    from stam.errors import PortInUse
+    from workers.ops import claim_port, start_metrics
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    logging.getLogger("stam.fhir").setLevel(getattr(logging, args.loglevel.upper(), logging.INFO))
+    try:
+        if settings.fhir_port:
+            claim_port(settings.fhir_host, settings.fhir_port, "STAM_FHIR_PORT")
+        start_metrics(settings)
+    except PortInUse as exc:
+        print(f"stam listen fhir: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve_fhir(settings, settings.fhir_port, announce=not args.quiet))
+    except (KafkaError, OSError) as exc:
+        if isinstance(exc, OSError) and settings.fhir_tls_certfile and "ssl" in type(exc).__module__.lower():
+            print(f"stam listen fhir: TLS (STAM_FHIR_TLS_*): {exc}", file=sys.stderr)
+            return 2
+        print(f"stam listen fhir: cannot start: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (is the "
+              f"stack up: `stam stack status`, or the STAM_* URLs?)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            print("stam listen fhir: stopped", file=sys.stderr)
+    return 0
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("listen", help="live listeners (HL7 v2 over MLLP)",
-                       description="Live feeds into the entries topic.")
+    p = sub.add_parser("listen", help="live interfaces: HL7 v2 over MLLP in, FHIR Subscriptions out",
+                       description="Live feeds into the entries topic, and transitions out as FHIR notifications.")
     kinds = p.add_subparsers(dest="listener", required=True)
     m = kinds.add_parser("mllp", help="HL7 v2 over MLLP, acknowledged once durable (AA/AE/AR; CA/CE/CR)",
                          description="Accepts HL7 v2 messages over MLLP (persistent connections, one message in "
@@ -119,3 +219,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m.add_argument("--loglevel", default="info", help="debug, info, warning or error (default: info)")
     m.add_argument("--quiet", action="store_true", help="do not print the listening address")
     m.set_defaults(fn=cmd_listen_mllp)
+    f = kinds.add_parser("fhir", help="transitions out as FHIR R4B/R5 topic-based Subscription notifications",
+                         description="Serves a FHIR endpoint (base /fhir: SubscriptionTopic, Subscription create/"
+                         "read/delete, $status, $events) and notifies rest-hook subscribers of the transitions on "
+                         "the transitions topic (a consumer group): a fact superseded, a condition resolved, an "
+                         "encounter ended, a memory archived; filterable by patient and category. R4B (Subscriptions "
+                         "Backport IG: history Bundles) and R5 (subscription-notification); handshake, heartbeat, "
+                         "headers; content empty, id-only or full-resource (https endpoints only). Subscriptions and "
+                         "events are kept in Redis. Nothing is sent for an erased patient. Settings: STAM_FHIR_* "
+                         "(docs/fhir-subscriptions.md); metrics on STAM_METRICS_PORT. Stops on SIGINT/SIGTERM.")
+    f.add_argument("--host", default=None, help="bind address (default: STAM_FHIR_HOST, 127.0.0.1)")
+    f.add_argument("--port", type=int, default=None, help="TCP port (default: STAM_FHIR_PORT, 8090; 0: any free)")
+    f.add_argument("--loglevel", default="info", help="debug, info, warning or error (default: info)")
+    f.add_argument("--quiet", action="store_true", help="do not print the endpoint's base URL")
+    f.set_defaults(fn=cmd_listen_fhir)

@@ -25,12 +25,13 @@ def _free_port() -> int:
 
 @contextmanager
 def _stam_process(s: Any, command: str, log_name: str, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    """``stam <command>`` against the stack of settings ``s``, logging to ``<home>/<log_name>``."""
+    """``stam <command>`` (``worker``, ``listen fhir``) against the stack of settings ``s``, logging to
+    ``<home>/<log_name>``."""
     full = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
                 STAM_MILVUS_URI=s.milvus_uri, STAM_PARTITIONS=str(s.partitions), STAM_WEB_PORT="0")
     full.update(env)  # a test may give the worker a web port
     with open(s.home / log_name, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", command, "--loglevel", "info"],
+        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", *command.split(), "--loglevel", "info"],
                                 cwd=REPO, env=full, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield proc

@@ -64,6 +64,7 @@ RUNS = [
     refuses("publish", "../shared/data/hl7v2-samples/", needs=(BROKER,)),
     refuses("publish", "../shared/data/mimic-iv-demo-2.2/", "--subjects", "10019917", needs=(BROKER,)),
     refuses("listen", "mllp", needs=(BROKER, REDIS)),
+    refuses("listen", "fhir", needs=(BROKER, REDIS)),
     refuses("transitions", "--seconds", "10", needs=(BROKER,)),
     refuses("state", "--patient", P, needs=(REDIS,)),
     refuses("state", "--patient", P, "--json", needs=(REDIS,)),
