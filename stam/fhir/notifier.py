@@ -44,6 +44,7 @@ log = logging.getLogger("stam.fhir")
 
 LEASE_MS = 15_000
 LIVE = ("requested", "active", "error")
+KEPT = "are kept for $events"
 
 
 def now_iso() -> str:
@@ -313,14 +314,17 @@ class Notifier:
                     await self._set_status(sub, "active")
                 else:
                     FHIR_NOTIFICATIONS.labels("event-notification", "dropped").inc()
-                    await self._set_status(sub, "error", f"{error}; events {pending[0]['n']}-{pending[-1]['n']} "
-                                           "are kept for $events")
+                    await self._set_status(sub, "error", f"{error}; events {pending[0]['n']}-{pending[-1]['n']} {KEPT}")
             await asyncio.to_thread(self.store.mark_sent, sub_id, last)
             return time.monotonic()
         if sub.heartbeat_s and time.monotonic() - last_out >= sub.heartbeat_s:
             since = await asyncio.to_thread(self.store.events_since_start, sub_id)
             error = await self._try(sub, notification(sub, "heartbeat", since, [], self.base, now_iso()), "heartbeat", 1)
-            await self._set_status(sub, "active" if error is None else "error", error or "")
+            if error is None:
+                await self._set_status(sub, "active")
+            else:  # the status keeps saying which events wait for $events until a notification gets through
+                kept = next((p for p in sub.error.split("; ") if p.endswith(KEPT)), "")
+                await self._set_status(sub, "error", "; ".join(x for x in (error, kept) if x))
             return time.monotonic()
         wait = 1.0 if not sub.heartbeat_s else max(0.05, min(1.0, sub.heartbeat_s - (time.monotonic() - last_out)))
         await self._wait(sub_id, wait)
