@@ -194,12 +194,7 @@ def _encounter(m: Any, r: Rendering) -> dict[str, Any]:
 
 
 def _observation(m: Any, r: Rendering) -> dict[str, Any]:
-    out: dict[str, Any] = {"status": "entered-in-error" if r.ended is Reason.ENTERED_IN_ERROR else "final",
-                           "code": _code(m), "subject": {"reference": r.patient}}
-    if m.effective_start:
-        out["effectiveDateTime"] = _time(m.effective_start)
-    if m.recorded_at:
-        out["issued"] = _time(m.recorded_at)
+    out = _report(m, r)  # the same status, code, subject and times; an observation adds its value
     if m.value is not None:
         q: dict[str, Any] = {"value": m.value}
         if m.unit:

@@ -242,7 +242,9 @@ def test_enhanced_mode_commit_acks_and_an_allow_list(stack_settings: Any) -> Non
 
 def test_tls(stack_settings: Any, tmp_path: Path) -> None:
     _need()
-    cert, key = _self_signed(tmp_path)
+    from tests.integration.fhir_receiver import self_signed
+
+    cert, key = self_signed(tmp_path)
     client = ssl.create_default_context(cafile=str(cert))
     msg = sample("ADT-A08-01.hl7", "MLLP-TLS-1")
 
@@ -265,30 +267,6 @@ def _maps(raw: bytes) -> bool:
     except SourceError:
         return False
     return True
-
-
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    import datetime as dt
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 # --- a listener process killed mid-stream ------------------------------------------------------------------
