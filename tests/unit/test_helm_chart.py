@@ -232,3 +232,24 @@ def test_a_deletion_gate_configmap_is_mounted_and_scheduled() -> None:
     plain = hc.render()
     (cm,) = [o for o in plain if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "stam-settings"]
     assert "STAM_DELETION_GATE" not in cm["data"]
+
+
+def test_the_hospital_listeners_are_deployments_with_their_ports(default: list[dict[str, Any]],
+                                                                 production: list[dict[str, Any]]) -> None:
+    """`stam listen mllp` and `stam listen fhir`: off by default; on in production, each a Deployment and a Service
+    with the port the hospital reaches (2575, 8090) and a metrics port the ServiceMonitor scrapes."""
+    names = {o["metadata"]["name"] for o in default}
+    assert not any(n.endswith(("-mllp", "-fhir")) for n in names)
+    for name, port in (("mllp", 2575), ("fhir", 8090)):
+        deployment = next(o for o in kinds(production, "Deployment") if o["metadata"]["name"].endswith(f"-{name}"))
+        (c,) = containers(deployment)
+        assert c["args"] == ["listen", name, "--quiet"]
+        assert {p["name"]: p["containerPort"] for p in c["ports"]}[name] == port
+        assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        service = next(o for o in kinds(production, "Service") if o["metadata"]["name"].endswith(f"-{name}"))
+        assert {p["name"]: p["port"] for p in service["spec"]["ports"]} == {name: port, "metrics": 9103 if name == "mllp"
+                                                                            else 9104}
+    mllp = containers(next(o for o in kinds(production, "Deployment") if o["metadata"]["name"].endswith("-mllp")))[0]
+    assert env(mllp)["STAM_MLLP_PORT"] == "2575" and env(mllp)["STAM_MLLP_WEB_PORT"] == "6068"
+    monitor = kinds(production, "ServiceMonitor")[0]
+    assert {"mllp", "fhir"} <= set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
