@@ -65,7 +65,6 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
     if overrides:
         settings = settings.model_copy(update=overrides)
 
-    from aiokafka.errors import KafkaError
 
     from stam.errors import PortInUse, SourceConfigError
     from stam.mllp import MllpListener
@@ -86,16 +85,7 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # TLS files that cannot be read or do not match
         print(f"stam listen mllp: TLS (STAM_MLLP_TLS_*): {exc}", file=sys.stderr)
         return 2
-    try:
-        asyncio.run(_serve(listener, settings, announce=not args.quiet))
-    except (KafkaError, OSError) as exc:
-        print(f"stam listen mllp: cannot start: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (is the "
-              f"stack up: `stam stack status`, or the STAM_* URLs?)", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        with contextlib.suppress(Exception):
-            print("stam listen mllp: stopped", file=sys.stderr)
-    return 0
+    return _run("mllp", _serve(listener, settings, announce=not args.quiet))
 
 
 async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
@@ -169,7 +159,6 @@ def cmd_listen_fhir(args: argparse.Namespace) -> int:
     if overrides:
         settings = settings.model_copy(update=overrides)
 
-    from aiokafka.errors import KafkaError
 
     from stam.errors import PortInUse
     from workers.ops import claim_port, start_metrics
@@ -183,19 +172,8 @@ def cmd_listen_fhir(args: argparse.Namespace) -> int:
     except PortInUse as exc:
         print(f"stam listen fhir: {exc}", file=sys.stderr)
         return 2
-    try:
-        asyncio.run(_serve_fhir(settings, settings.fhir_port, announce=not args.quiet))
-    except (KafkaError, OSError) as exc:
-        if isinstance(exc, OSError) and settings.fhir_tls_certfile and "ssl" in type(exc).__module__.lower():
-            print(f"stam listen fhir: TLS (STAM_FHIR_TLS_*): {exc}", file=sys.stderr)
-            return 2
-        print(f"stam listen fhir: cannot start: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (is the "
-              f"stack up: `stam stack status`, or the STAM_* URLs?)", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        with contextlib.suppress(Exception):
-            print("stam listen fhir: stopped", file=sys.stderr)
-    return 0
+    return _run("fhir", _serve_fhir(settings, settings.fhir_port, announce=not args.quiet),
+                tls="STAM_FHIR_TLS_*" if settings.fhir_tls_certfile else None)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -233,3 +211,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     f.add_argument("--loglevel", default="info", help="debug, info, warning or error (default: info)")
     f.add_argument("--quiet", action="store_true", help="do not print the endpoint's base URL")
     f.set_defaults(fn=cmd_listen_fhir)
+
+
+def _run(name: str, main: Any, tls: str | None = None) -> int:
+    """Run a listener's loop to its end. What stops it from starting (the broker or Redis unreachable, a port, TLS
+    files that do not load where ``tls`` names their settings) is one line; SIGINT is a stop, not an error."""
+    from aiokafka.errors import KafkaError
+
+    try:
+        asyncio.run(main)
+    except (KafkaError, OSError) as exc:
+        if tls and isinstance(exc, OSError) and "ssl" in type(exc).__module__.lower():
+            print(f"stam listen {name}: TLS ({tls}): {exc}", file=sys.stderr)
+            return 2
+        print(f"stam listen {name}: cannot start: {type(exc).__name__}: {' '.join(str(exc).split())[:200]} (is the "
+              f"stack up: `stam stack status`, or the STAM_* URLs?)", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            print(f"stam listen {name}: stopped", file=sys.stderr)
+    return 0
