@@ -160,10 +160,46 @@ def _lat(v: dict[str, Any]) -> list[Any]:
     return [v["n"], v["p50_s"], v["p99_s"], v["max_s"]]
 
 
+def render_qa(report: dict[str, Any]) -> str:
+    """``stam eval qa`` with a reader: per question type, each system's evidence recall, the reader's exact match and
+    the median tokens served; then each comparator paired with STAM on the same questions (McNemar on exact match, a
+    bootstrap 95% interval of the difference in token F1 and in evidence recall, comparator minus STAM)."""
+    systems = list(report["systems"])
+    header = ["type", "n"] + [f"{s} {m}" for s in systems for m in ("recall", "EM", "tokens")]
+    first = report["systems"][systems[0]]
+    rows = []
+    for qtype in first["by_type"]:
+        row: list[Any] = [qtype, first["by_type"][qtype]["n"]]
+        for s in systems:
+            t = report["systems"][s]["by_type"][qtype]
+            row += [t["evidence_recall"], t.get("em"), t["tokens_median"]]
+        rows.append(row)
+    row = ["all", first["n"]]
+    for s in systems:
+        t = report["systems"][s]
+        row += [t["evidence_recall"], t.get("em"), t["tokens_median"]]
+    rows.append(row)
+    head = (f"{fmt(first['n'])} questions of the {report['split']} split, {fmt(report['patients'])} patients, "
+            f"each asked at its clinical time; reader: {report['reader'] or 'none'}")
+    out = head + "\n\n" + table(header, rows)
+    paired = report.get("paired_vs_stam") or {}
+    if paired:
+        prow = []
+        for s, p in paired.items():
+            m, f1, rec = p.get("mcnemar_em"), p.get("bootstrap_f1"), p["bootstrap_recall"]
+            prow.append([s, f"{m['b_accuracy']:.3f} vs {m['a_accuracy']:.3f} (p {m['p_value']:.2g})" if m else None,
+                         f"{f1['mean_difference']:+.3f} [{f1['ci_low']:+.3f}, {f1['ci_high']:+.3f}]" if f1 else None,
+                         f"{rec['mean_difference']:+.3f} [{rec['ci_low']:+.3f}, {rec['ci_high']:+.3f}]"])
+        out += "\n\n" + table(["against STAM", "EM (it vs STAM, McNemar p)", "token F1 difference [95% CI]",
+                                 "evidence recall difference [95% CI]"], prow)
+    return out
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "faust_floor": render_faust_floor,
     "redis_fsync": render_redis_fsync,
     "eval:lifecycle": render_lifecycle,
+    "eval:qa": render_qa,
     "discharge_cost": render_discharge_cost,
     "mllp_feed": render_mllp_feed,
     "fhir_notifications": render_fhir_notifications,

@@ -31,7 +31,7 @@ Answer = Callable[[str, str], str]
 
 
 def _sample(service: QueryService, answer: Answer, patient: str, question: str, as_of: datetime | None,
-            gold: str | None) -> tuple[GateSample, dict[str, Any]]:
+            gold: str | Sequence[str] | None) -> tuple[GateSample, dict[str, Any]]:
     def req(mode: GateMode) -> QueryRequest:
         return QueryRequest(request_id=f"gate-{mode.value}", patient_id=patient, question=question, gate=mode,
                             as_of=as_of)
@@ -62,7 +62,7 @@ def mimic_samples(service: QueryService, questions: Sequence[Question], answer: 
         if sum(not s.cue for s in samples) >= limit:
             break
         as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
-        s, row = _sample(service, answer, q.patient_id, q.question, as_of, q.answer)
+        s, row = _sample(service, answer, q.patient_id, q.question, as_of, q.golds)
         samples.append(s)
         rows.append(row | {"qtype": q.qtype})
     return samples, rows

@@ -22,7 +22,9 @@ before ``as_of`` (inclusive). Templates (``qtype``):
 - ``change_since_first``: "How has the patient's <display> changed since the first result?" (whole record).
   Answer ``"<first> to <latest>"``, each value written as the other lab templates write it ("3.9 mEq/L to 4.4
   mEq/L", also when the two are equal); token F1 then credits each number and unit, one value with its unit
-  gets 0.6, and only exact match checks the order. Evidence: the rows of the first and latest times.
+  gets 0.6, and only exact match checks the order. The signed difference with its unit ("+0.5 mEq/L", as the
+  read path's computed fact writes it) is the same answer in another form and is scored as right too (``also``).
+  Evidence: the rows of the first and latest times.
 - ``current_medication``: at ``as_of`` (the moment some pharmacy order ended), among the pharmacy orders active
   then (start <= as_of < end), the drug of the one started most recently. An order's end is what the loader
   publishes: the ordertime of the POE 'Change'/'D/C' that ended it, else the pharmacy ``stoptime`` (orders with
@@ -123,7 +125,8 @@ _DISCONTINUED = frozenset(k for k, v in _PHARMACY_STATUS.items() if v == "stoppe
 @dataclass(frozen=True)
 class Question:
     """One question: ``answer`` is computed from the rows at or before ``as_of`` (the whole record when None);
-    ``evidence`` holds the entry ids of the rows that support it."""
+    ``evidence`` holds the entry ids of the rows that support it; ``also``: other forms of the same answer that
+    are scored as right (``golds``: all of them)."""
 
     question_id: str
     patient_id: str
@@ -133,6 +136,11 @@ class Question:
     as_of: str | None
     evidence: tuple[str, ...]
     split: str
+    also: tuple[str, ...] = ()
+
+    @property
+    def golds(self) -> tuple[str, ...]:
+        return (self.answer, *self.also)
 
 
 def split_of(patient_id: str) -> str:
@@ -212,6 +220,18 @@ class _Lab:
     @property
     def answer(self) -> str:
         return f"{self.valuenum} {self.unit}".strip()
+
+
+def _difference(first: _Lab, latest: _Lab) -> tuple[str, ...]:
+    """The change as a signed difference with its unit ("+0.4 mg/dL"), written as the read path's computed fact
+    writes it; none when the units differ or a value is not a number."""
+    try:
+        delta = float(latest.valuenum) - float(first.valuenum)
+    except ValueError:
+        return ()
+    if first.unit != latest.unit:
+        return ()
+    return (f"{delta:+.4g} {latest.unit}".strip(),)
 
 
 @dataclass(frozen=True)
@@ -439,9 +459,9 @@ class _Templates:
         return f"mimic-qa:{template}:{self.patient}:{params}"
 
     def question(self, qid: str, qtype: str, text: str, answer: str, as_of: datetime | None,
-                 evidence: Iterable[str]) -> Question:
+                 evidence: Iterable[str], also: tuple[str, ...] = ()) -> Question:
         return Question(qid, self.patient, qtype, text, answer, _iso(as_of) if as_of else None,
-                        tuple(evidence), split_of(self.patient))
+                        tuple(evidence), split_of(self.patient), also)
 
     def candidate(self, qid: str, make: _Make, first: bool = False) -> _Candidate:
         return (-1 if first else _hash(self.seed, qid), qid, make)
@@ -513,7 +533,7 @@ class _Templates:
             yield "change_since_first", self.fixed(self.question(
                 qid, "change_since_first", f"How has the patient's {display} changed since the first result?",
                 f"{groups[0][0].answer} to {groups[-1][0].answer}", None,
-                (r.entry_id for r in (*groups[0], *groups[-1]))))
+                (r.entry_id for r in (*groups[0], *groups[-1])), also=_difference(groups[0][0], groups[-1][0])))
 
     def previous(self, itemid: str, display: str, groups: list[list[_Lab]]) -> Question | None:
         """The result before the latest one: of the whole record, or as of a time between two later results
@@ -951,5 +971,6 @@ def read_jsonl(path: str | Path) -> list[Question]:
             if line.strip():
                 d = json.loads(line)
                 d["evidence"] = tuple(d["evidence"])
+                d["also"] = tuple(d.get("also", ()))
                 out.append(Question(**d))
     return out

@@ -396,8 +396,8 @@ def _answer(reader: Any, questions: Sequence[Question], rows: dict[str, list[dic
                 cache[key] = (reader.answer_sync(q.question, r["context"]) if hasattr(reader, "answer_sync")
                               else asyncio.run(reader.answer(q.question, r["context"])))
             r["prediction"] = cache[key]
-            r["f1"] = token_f1(r["prediction"], q.answer)
-            r["em"] = exact_match(r["prediction"], q.answer)
+            r["f1"] = token_f1(r["prediction"], q.golds)
+            r["em"] = exact_match(r["prediction"], q.golds)
             done += 1
             if progress is not None:
                 progress(done)

@@ -46,6 +46,10 @@ def _show(t: float) -> str:
     return d.strftime("%Y-%m-%d %H:%M") if d else "an unknown time"
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
 def _code(tl: Timeline, i: int) -> str:
     c = tl.concept[i]
     return c.rsplit("|", 1)[-1] if c else ""
@@ -161,14 +165,16 @@ def _discharge(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, stay:
                    key=str.casefold)
     where = stay.discharged_to()
     head = f"at the discharge from {stay.label()}" + (f" (discharged to {where})" if where else "")
-    if units:
-        text = f"{head}, the discharge ended {len(units)} medication order{'s' if len(units) != 1 else ''} " \
-               f"({len(names)} drug{'s' if len(names) != 1 else ''}): {'; '.join(names)}"
-    else:
-        text = f"{head}, the discharge ended no medication order"
+    # The other orders first and the number of medication orders last, named as the question names it: a small
+    # reader answered "how many medication orders" with the last number it read (docs/lifecycle.md).
+    ended_what = []
     if others:
-        text += f"; it also ended {len(others)} other order{'s' if len(others) != 1 else ''} and care item" \
-                f"{'s' if len(others) != 1 else ''}"
+        ended_what.append(f"{_n(len(others), 'order')} and care item{'s' if len(others) != 1 else ''} other than "
+                          f"medication orders")
+    if units:
+        ended_what.append(f"medication orders for {_n(len(names), 'drug')}: {'; '.join(names)}")
+    text = f"{head}, the discharge ended {', and '.join(ended_what) if ended_what else 'no order'}; number of " \
+           f"medication orders the discharge ended: {len(units)}"
     assert stay.ended_by is not None
     cited = [stay.ended_by, *sorted(chosen, key=lambda i: (tl.t_start[i], tl.ids[i]))]
     picks = picks_of(tl, [stay.ended_by], "discharge") + picks_of(tl, chosen[:MAX_LISTED], "ended")

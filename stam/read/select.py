@@ -528,7 +528,8 @@ def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, name
         served = _versions(tl, view, members, units)
         latest = max(active, key=lambda i: (tl.t_start[i], tl.ids[i]))
         open_end = "" if (math.isfinite(tl.t_end[latest]) or tl.encounter[latest]) else "; no end recorded"
-        fact = Fact("active", f"{name}, an order active{upto} (one started {_at(tl, latest)}{open_end}): yes",
+        fact = Fact("active", f"{name}{upto}: yes, an active order, being received (one started "
+                    f"{_at(tl, latest)}{open_end}).",
                     (tl.ids[latest],))
         return Selection(picks_by_thread(tl, served, "order"), [fact], list(named))
     last_t = max(_ended_time(tl, i) for i in cands)
@@ -543,8 +544,10 @@ def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, name
     if tl.reason[last] == Reason.ENCOUNTER_ENDED and tl.encounter[last]:
         stay = idx.encounters.stay(tl, view, tl.encounter[last] or "")
         stay_end = stay.label("the admission") if stay is not None else None
-    text = (f"{name}, an order active{upto} (the last one, started {_at(tl, first)}, ended "
-            f"{_time(last_t)}{_why(tl, view, last, stay_end)}): no")
+    # The answer first: a small reader took "X, an order active as of T (the last one, ...): no" for a yes
+    # (docs/lifecycle.md, "What the reader makes of it").
+    text = (f"{name}{upto}: no, not an active order and not being received; its last order (from "
+            f"{_at(tl, first)}, ended {_time(last_t)}{_why(tl, view, last, stay_end)}) had ended.")
     cited = tuple(dict.fromkeys(tl.ids[i] for i in [first, last, *enders]))
     picks = picks_by_thread(tl, served, "order")
     extra = picks_by_thread(tl, enders, "ended-by")
@@ -683,7 +686,7 @@ def _value_fact(tl: Timeline, view: View, pick: Pick, intent: Intent) -> Fact | 
         # Versions of one source resource are one thing recorded (an admission and its discharge, an order and its
         # pharmacy versions); each result or order is its own resource.
         things = {tl.source[i] or tl.ids[i] for i in window}
-        return Fact(kind, f"{name}, number recorded{upto}: {len(things)}", tuple(tl.ids[i] for i in window))
+        return Fact(kind, f"Number of {name} records{upto}: {len(things)}", tuple(tl.ids[i] for i in window))
     if not cur:
         return None
     cur_v = _one_value(tl, cur)

@@ -113,7 +113,7 @@ def test_count_and_a_time_window(loaded: Any, small_bundle: Any) -> None:
     deps, _ = loaded
     measured = [e for e in small_bundle.entries if e.codes and e.codes[0].code == "8302-2"]
     p = ask(service(deps), "How many body height measurements were recorded?").packet
-    assert p.facts[0].text == f"Body Height, number recorded: {len(measured)}"
+    assert p.facts[0].text == f"Number of Body Height records: {len(measured)}"
     in_1939 = [e for e in measured if e.effective_at.year == 1939]
     p = ask(service(deps), "What were the body heights in 1939?").packet
     assert {h.source_entry_id for h in heights(p, deps)} == {e.entry_id for e in in_1939}
