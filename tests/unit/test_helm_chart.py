@@ -253,3 +253,28 @@ def test_the_hospital_listeners_are_deployments_with_their_ports(default: list[d
     assert env(mllp)["STAM_MLLP_PORT"] == "2575" and env(mllp)["STAM_MLLP_WEB_PORT"] == "6068"
     monitor = kinds(production, "ServiceMonitor")[0]
     assert {"mllp", "fhir"} <= set(monitor["spec"]["selector"]["matchExpressions"][0]["values"])
+
+
+def test_the_listeners_have_network_policies(default: list[dict[str, Any]],
+                                             production: list[dict[str, Any]]) -> None:
+    """Each enabled listener gets its own NetworkPolicy: its port (from listeners.<name>.allowedFrom) and the metrics
+    port in; DNS, Kafka and Redis out, and for the FHIR listener the subscribers' rest-hook port."""
+    assert not [o for o in kinds(default, "NetworkPolicy") if o["metadata"]["name"].endswith(("-mllp", "-fhir"))]
+    policies = {o["metadata"]["name"].rsplit("-", 1)[1]: o for o in kinds(production, "NetworkPolicy")}
+    for name in ("mllp", "fhir"):
+        spec = policies[name]["spec"]
+        assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == name
+        assert spec["policyTypes"] == ["Ingress", "Egress"]
+        ingress_ports = {p["port"] for rule in spec["ingress"] for p in rule["ports"]}
+        assert ingress_ports == {name, "metrics"}
+        egress_ports = {p["port"] for rule in spec["egress"] for p in rule["ports"]}
+        redis, milvus = PRODUCTION["redis"]["port"], PRODUCTION["milvus"]["port"]
+        assert {53, redis, *PRODUCTION["kafka"]["ports"]} <= egress_ports and milvus not in egress_ports
+        assert (443 in egress_ports) == (name == "fhir")
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "integration"}}}]
+    values = copy.deepcopy(PRODUCTION)
+    values["listeners"]["mllp"]["allowedFrom"] = peers
+    narrowed = hc.render(values)
+    (mllp,) = [o for o in kinds(narrowed, "NetworkPolicy") if o["metadata"]["name"].endswith("-mllp")]
+    (rule,) = [r for r in mllp["spec"]["ingress"] if {p["port"] for p in r["ports"]} == {"mllp"}]
+    assert rule["from"] == peers
