@@ -175,11 +175,14 @@ def page_data(tl: Timeline, window: Window, gaps: Sequence[RecordGap] = (),
     extent = (float(lo[timed].min()), float(top[timed].max())) if n_timed else None
     a, b = window.start, window.end
     if (a is None or b is None) and extent is not None:
-        b = b if b is not None else extent[1] + 3600.0
+        given_end = b is not None
+        b = b if b is not None else extent[1]
         if a is None:
             starts = np.sort(lo[timed & (lo <= b)])
             a = float(starts[-first_view]) if len(starts) > first_view else extent[0]
             a = min(a, b - 3600.0)
+        if not given_end:  # room after the latest memory, for the as-of line
+            b += max(3600.0, 0.03 * (b - a))
     archived = view.history & (tl.kind == ARCHIVED) & np.isfinite(tl.t_ended)
     if a is None or b is None:
         shown = np.zeros(len(tl), dtype=bool)

@@ -6,6 +6,7 @@
   const patient = document.body.dataset.patient;
   const inline = $("stam-data");
   const TOKEN_KEY = "stam.query-token";
+  const SERVED = /(^| )served( |$)/;
   const base = "/patients/" + encodeURIComponent(patient) + "/timeline";
   const items = new vis.DataSet();
   const groups = new vis.DataSet();
@@ -138,7 +139,9 @@
       stack: false, showTooltips: true, groupHeightMode: "fixed", orientation: "top", zoomKey: "ctrlKey",
       verticalScroll: true, maxHeight: "70vh", margin: { item: 2 }, selectable: true,
       tooltip: { followMouse: true, overflowMethod: "cap", delay: 150 },
-      cluster: { maxItems: 4, titleTemplate: "{count} memories: zoom in", showStipes: false, fitOnDoubleClick: true },
+      // Busy stretches of a row become clusters; a memory the question served never hides in one.
+      cluster: { maxItems: 4, titleTemplate: "{count} memories: zoom in", showStipes: false, fitOnDoubleClick: true,
+                 clusterCriteria: (a, b) => !SERVED.test(a.className || "") && !SERVED.test(b.className || "") },
       moment: (date) => vis.moment(date).utc(),
       xss: { disabled: false },
     };
@@ -285,7 +288,15 @@
     }
     draw();
     const ids = items.get({ filter: (i) => state.served.has(i.memory) && !String(i.id).startsWith("t") }).map((i) => i.id);
-    if (ids.length) state.timeline.setSelection(ids, { focus: false });
+    if (ids.length) {  // brought into view: the window fits them, the rows scroll to the first
+      state.timeline.setSelection(ids);
+      const w = state.timeline.getWindow();
+      const times = items.get(ids).flatMap((i) => [i.start, i.end === undefined ? i.start : i.end]);
+      const span = Math.max(...times) - Math.min(...times);
+      // Zoomed to fit them when they lie wider apart than the window shows; else only centred (a value and its
+      // siblings at one instant would zoom to milliseconds).
+      state.timeline.focus(ids, { animation: false, zoom: span > w.end - w.start });
+    }
     document.body.dataset.asked = "done";
   }
 
