@@ -41,7 +41,7 @@ from aiohttp.web import HTTPRequestEntityTooLarge
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
-from stam.compose import build_query_service
+from stam.compose import build_query_service, redis_client
 from stam.config import Settings
 from stam.errors import Erased, SealBroken
 from stam.logs import faust_worker
@@ -49,7 +49,9 @@ from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
 from stam.read import page
 from stam.read.failures import classify
 from stam.read.scopes import NOT_FOUND_MESSAGE, Grant, TokenScopes, concealed_not_found, scopes_of
-from stam.read.service import QueryService, failed_answer
+from stam.read.service import QueryService, TimelineCache, failed_answer
+from stam.stores.base import StateStore
+from stam.stores.redis_state import RedisStateStore
 from topology.app import create_app
 from workers.common import STAGE_THREAD, raw_value, seal
 from workers.ops import Readiness, claim_port, start_metrics
@@ -268,6 +270,19 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             status, headers = http_status(answer)
             return self.json(answer.model_dump(mode="json"), status=status, headers=headers)
 
+    plain: list[RedisStateStore] = []
+    drawn = page.PageTimelines()
+
+    def page_states() -> tuple[StateStore, TimelineCache | None]:
+        """The state store the page reads, and the query service's timeline cache once the service is built (the
+        page never waits for the embedding model)."""
+        svc = holder.get("svc")
+        if svc is not None:
+            return svc.states, svc.cache
+        if not plain:
+            plain.append(RedisStateStore(redis_client(settings), prefix=settings.collection_prefix))
+        return plain[0], None
+
     @app.page("/patients/{patient_id}/timeline")
     class TimelinePage(faust.web.View):
         """The shell of a patient's timeline page: no patient datum (its script reads the data with a token)."""
@@ -292,8 +307,8 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                 return self.json({"ok": False, "error_kind": "invalid", "error": str(exc)}, status=400,
                                  headers=dict(NO_STORE))
             try:
-                svc = await service()
-                data = await asyncio.to_thread(page.patient_data, svc.states, patient_id, window, svc.cache)
+                states, cache = page_states()
+                data = await asyncio.to_thread(page.patient_data, states, patient_id, window, cache, drawn)
             except Exception as exc:
                 kind, message = classify(exc)
                 status = HTTP_STATUS[kind]

@@ -29,12 +29,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from threading import Lock
 from typing import Any
 
 import numpy as np
 
 from schemas import StoredMemory
 from schemas.query import RecordGap
+from stam.cache import LRU
 from stam.deadletters import gap_line
 from stam.read.encounters import Encounters
 from stam.read.timeline import ARCHIVED, Timeline, View, from_epoch
@@ -48,8 +50,11 @@ ASSETS: dict[str, str] = {
     "timeline.css": "text/css; charset=utf-8",
 }
 """The page's static files (``stam/read/web/static``), by name: the only ones the worker serves."""
-FIRST_VIEW_ITEMS = 3000
-"""A first view without a window shows about this many of the latest memories (all of a smaller record)."""
+FIRST_VIEW_ITEMS = 1000
+"""A first view without a window shows about this many of the latest memories (all of a smaller record). vis-timeline
+measures every item in the time range on its first draw (~1 ms each on a busy 2-core machine, whatever the rows
+scrolled into view): 1,000 memories and their transitions draw in ~2 s there, 3,000 in ~4-6 s (measured,
+benchmarks/timeline_page.py)."""
 MAX_ITEMS = 20_000
 """Most memories one window sends (the latest of a larger window)."""
 MAX_DETAILS = 2000
@@ -97,21 +102,51 @@ def window_of(params: dict[str, str]) -> Window:
                   parse_time("as_of", params.get("as_of")), parse_time("compare", params.get("compare")))
 
 
-def load_timeline(states: Any, patient_id: str, cache: Any = None) -> Timeline:
+class PageTimelines:
+    """The timelines the page read itself (the query service's are used first, once a query built them), least
+    recently used out first beyond ``max_memories``: panning and zooming read one window after another of the same
+    patient. Valid for one state version; every one is dropped when the store's erasure count moves (an erased
+    patient is never drawn from here)."""
+
+    def __init__(self, max_memories: int = 100_000) -> None:
+        self._items: LRU[str, Timeline] = LRU(max_memories, weigh=len, keep_last=True)
+        self._lock = Lock()
+        self._erasures = 0
+
+    def get(self, patient_id: str, version: int, erasures: int) -> Timeline | None:
+        with self._lock:
+            if erasures != self._erasures:
+                self._items.clear()
+                self._erasures = erasures
+            tl = self._items.get(patient_id)
+            return tl if tl is not None and tl.version == version else None
+
+    def put(self, tl: Timeline, erasures: int) -> None:
+        with self._lock:
+            if erasures == self._erasures:
+                self._items.put(tl.patient_id, tl)
+
+
+def load_timeline(states: Any, patient_id: str, cache: Any = None, own: PageTimelines | None = None) -> Timeline:
     """The patient's timeline: the query service's cached one when it holds the current version (``cache``: a
-    :class:`~stam.read.service.TimelineCache`), else read from the timeline rows (the records where rows are
-    missing). No vectors are needed to draw it."""
+    :class:`~stam.read.service.TimelineCache`), else this page's (``own``), else read from the timeline rows (the
+    records where rows are missing). No vectors are needed to draw it."""
+    both = getattr(states, "version_and_erasures", None)
+    version, erasures = both(patient_id) if both is not None else (states.version(patient_id), 0)
     if cache is not None:
-        both = getattr(states, "version_and_erasures", None)
-        version, erasures = both(patient_id) if both is not None else (states.version(patient_id), 0)
         got = cache.get(patient_id, version, erasures)
         if got is not None:
             return got[0]  # type: ignore[no-any-return]
+    if own is not None and (mine := own.get(patient_id, version, erasures)) is not None:
+        return mine
     got_rows = states.timeline_rows(patient_id)
     if got_rows is not None:
-        return Timeline.from_rows(patient_id, *got_rows)
-    version, raw = states.records(patient_id)
-    return Timeline.from_records(patient_id, version, raw)
+        tl = Timeline.from_rows(patient_id, *got_rows)
+    else:
+        tl = Timeline.from_records(patient_id, *states.records(patient_id))
+    if own is not None and len(tl):
+        own.put(tl, erasures)
+    return tl
 
 
 def _iso(t: float) -> str | None:
@@ -252,9 +287,10 @@ def page_data(tl: Timeline, window: Window, gaps: Sequence[RecordGap] = (),
     }
 
 
-def patient_data(states: Any, patient_id: str, window: Window, cache: Any = None) -> dict[str, Any] | None:
+def patient_data(states: Any, patient_id: str, window: Window, cache: Any = None,
+                 own: PageTimelines | None = None) -> dict[str, Any] | None:
     """One window of a patient's page from its state store (None: no memory of the patient)."""
-    tl = load_timeline(states, patient_id, cache)
+    tl = load_timeline(states, patient_id, cache, own)
     if len(tl) == 0:
         return None
     return page_data(tl, window, states.gaps(patient_id), details=lambda ids: states.memories(patient_id, ids))
