@@ -182,6 +182,20 @@ def test_the_page_draws_one_row_per_thread_and_every_transition(browser: Any, pa
     assert b"body height" not in body.lower() and timeline.ids[0].encode() not in body  # the shell holds no datum
     status, body, headers = _get(page["port"], _data_path(SMALL_PATIENT), page["tokens"]["ward"])
     assert status == 200 and headers["cache-control"] == "no-store", body[:300]
+    # A window: only the memories whose time overlaps it, or whose transition is in it, come back.
+    full = json.loads(body)
+    everything, moved_at = full["memories"], {t["id"]: t["at"] for t in full["transitions"]}
+    starts = sorted(m["start"] for m in everything)
+    a, b = starts[len(starts) // 3], starts[len(starts) // 2]
+    iso = {k: datetime.fromtimestamp(v / 1000, UTC).isoformat() for k, v in (("from", a), ("to", b))}
+    window = json.loads(_get(page["port"], _data_path(SMALL_PATIENT, **iso), page["tokens"]["ward"])[1])["memories"]
+
+    def inside(m: dict[str, Any]) -> bool:
+        end = m["end"] if m["end"] is not None else m["start"]
+        return (m["start"] <= b and end >= a) or a <= moved_at.get(m["id"], -1e18) <= b
+
+    assert 0 < len(window) < len(everything)
+    assert {m["id"] for m in window} == {m["id"] for m in everything if inside(m)}
 
     browser.get_log("browser")
     _open(browser, page, page["tokens"]["ward"])
@@ -245,6 +259,23 @@ def test_the_as_of_handle_moves_what_is_current(browser: Any, page: dict[str, An
 
     _open(browser, page, page["tokens"]["ward"])
     _ready(browser)
+    # The handle on the time axis, dragged back: the page reads the state at the time it was dropped at.
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    browser.execute_script("window.stam.state.timing = null")
+    handle = browser.find_element(By.CSS_SELECTOR, ".vis-custom-time.as-of")
+    ActionChains(browser).click_and_hold(handle).move_by_offset(-40, 0).move_by_offset(-160, 0).release().perform()
+    _wait(browser, "return window.stam.state.data && window.stam.state.data.as_of !== null")
+    _ready(browser)
+    dropped = datetime.fromisoformat(browser.execute_script("return window.stam.state.data.as_of"))
+    assert dropped.timestamp() < float(np.nanmax(np.where(np.isfinite(tl.t_add), tl.t_add, np.nan)))
+    _, moved_drop, current_drop = _expected(tl, dropped)
+    items = _page_items(browser)
+    assert {x["memory"] for x in items if x["id"].startswith("m") and "current" in x["className"].split()} == \
+        current_drop
+    assert {x["memory"] for x in items if x["id"].startswith("t")} == moved_drop
+    assert "as_of=" in browser.execute_script("return location.search")
+
     browser.execute_script("window.stam.state.timing = null")
     box = browser.find_element(By.ID, "as-of")
     box.clear()
