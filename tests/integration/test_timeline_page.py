@@ -334,7 +334,7 @@ def test_the_question_box_highlights_what_the_packet_served(browser: Any, page: 
     assert packet["gate"]["reason"] in gate
     listed = browser.find_elements(By.CSS_SELECTOR, "#served li")
     assert len(listed) == len(packet["items"])
-    assert browser.execute_script("return document.querySelectorAll('.vis-item.served').length") >= 1
+    _wait(browser, "return document.querySelectorAll('.vis-item.served').length >= 1", timeout=10)  # drawn, in view
     _shot(browser, tmp_path, "timeline-question")
 
 

@@ -93,7 +93,7 @@
     for (const t of d.transitions) {
       if (!shown.has(t.thread)) continue;
       out.push({ id: "t" + t.i, memory: t.id, group: t.thread, start: t.at, type: "point",
-                 content: text("⇢ " + (t.reason || "archived")), title: transitionTitle(t), className: "transition" });
+                 content: text("⇢"), title: transitionTitle(t), className: "transition" });  // details in the tooltip
     }
     for (const e of d.encounters) {
       out.push({ id: "e" + e.id, start: e.start, end: e.end, type: "background", content: text(e.label),
@@ -297,7 +297,8 @@
       // siblings at one instant would zoom to milliseconds).
       state.timeline.focus(ids, { animation: false, zoom: span > w.end - w.start });
     }
-    document.body.dataset.asked = "done";
+    // vis-timeline redraws on the next frame: done once the marks are drawn.
+    requestAnimationFrame(() => requestAnimationFrame(() => { document.body.dataset.asked = "done"; }));
   }
 
   function useTime(input, key) {
