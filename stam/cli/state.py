@@ -14,8 +14,9 @@ from stam.cli.common import load_settings
 def cmd_state(args: argparse.Namespace) -> int:
     if args.html is not None:
         return cmd_state_html(args)
-    if args.as_of is not None:
-        print("stam: --as-of goes with --html (the text and JSON exports are the state now)", file=sys.stderr)
+    if args.as_of is not None or args.start is not None or args.end is not None:
+        print("stam: --as-of, --from and --to go with --html (the text and JSON exports are the state now)",
+              file=sys.stderr)
         return 2
     settings = load_settings(needs=("redis",))  # first: no stack, no imports of the stores
 
@@ -46,12 +47,13 @@ def cmd_state(args: argparse.Namespace) -> int:
 
 
 def cmd_state_html(args: argparse.Namespace) -> int:
-    """The timeline page of the patient with its data inlined (every memory up to ``page.MAX_ITEMS``, the state as
-    of ``--as-of``): a file to share that opens without a worker."""
+    """The timeline page of the patient with its data inlined (every memory up to ``page.MAX_ITEMS``, or those of
+    ``--from``/``--to``; the state as of ``--as-of``): a file to share that opens without a worker."""
     from stam.read import page
 
     try:
-        window = page.Window(None, None, page.parse_time("--as-of", args.as_of))
+        window = page.window_of({"from": args.start or "", "to": args.end or "", "as_of": args.as_of or ""},
+                                names={"from": "--from", "to": "--to", "as_of": "--as-of"})
     except page.PageInputError as exc:
         print(f"stam: {exc}", file=sys.stderr)
         return 2
@@ -90,4 +92,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="write the timeline page with its data inlined to OUT (opens without a worker)")
     p.add_argument("--as-of", default=None, metavar="TIME",
                    help="with --html: the state at this clinical time (ISO 8601 with its offset)")
+    p.add_argument("--from", dest="start", default=None, metavar="TIME",
+                   help="with --html: only the memories from this clinical time (default: the whole record)")
+    p.add_argument("--to", dest="end", default=None, metavar="TIME", help="with --html: ... up to this one")
     p.set_defaults(fn=cmd_state)

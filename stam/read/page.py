@@ -94,12 +94,15 @@ def parse_time(name: str, value: str | None) -> datetime | None:
     return t
 
 
-def window_of(params: dict[str, str]) -> Window:
-    start, end = parse_time("from", params.get("from")), parse_time("to", params.get("to"))
+def window_of(params: dict[str, str], names: dict[str, str] | None = None) -> Window:
+    """The window a request asks for (``from``, ``to``, ``as_of``, ``compare``); ``names``: how the caller calls
+    each parameter in an error (the command line's ``--as-of``)."""
+    said = {k: (names or {}).get(k, k) for k in ("from", "to", "as_of", "compare")}
+    start, end = parse_time(said["from"], params.get("from")), parse_time(said["to"], params.get("to"))
     if start is not None and end is not None and end <= start:
-        raise PageInputError("to: must be later than from")
+        raise PageInputError(f"{said['to']}: must be later than {said['from']}")
     return Window(start.timestamp() if start else None, end.timestamp() if end else None,
-                  parse_time("as_of", params.get("as_of")), parse_time("compare", params.get("compare")))
+                  parse_time(said["as_of"], params.get("as_of")), parse_time(said["compare"], params.get("compare")))
 
 
 class PageTimelines:
