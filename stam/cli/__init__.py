@@ -7,7 +7,8 @@
   stam listen mllp              HL7 v2 over MLLP, each message acknowledged once it is on a topic
   stam listen fhir              transitions out as FHIR R4B/R5 topic-based Subscription notifications (base /fhir)
   stam transitions              print transitions from the transitions topic
-  stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape)
+  stam state --patient ID       a patient's ACTIVE and HISTORY memories (--json: stable export shape; --html OUT: its
+                                timeline page in one file)
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)

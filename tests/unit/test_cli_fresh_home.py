@@ -68,6 +68,8 @@ RUNS = [
     refuses("transitions", "--seconds", "10", needs=(BROKER,)),
     refuses("state", "--patient", P, needs=(REDIS,)),
     refuses("state", "--patient", P, "--json", needs=(REDIS,)),
+    refuses("state", "--patient", P, "--html", "timeline.html", needs=(REDIS,)),
+    Run(("state", "--patient", P, "--html", "timeline.html", "--as-of", "tuesday"), code=2, stderr_lines=1),
     refuses("rebuild", "--patient", P, needs=ALL),
     refuses("deadletters", "list", needs=(BROKER, REDIS)),
     refuses("deadletters", "list", "--patient", P, "--stage", "extract", "--json", needs=(BROKER, REDIS)),

