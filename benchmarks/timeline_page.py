@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from stam.eval.provenance import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             stack.down(home)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(result, indent=2))
+    print(json.dumps(stamp({"benchmark": "timeline_page", **result}), indent=2))
     return 0
 
 
