@@ -120,6 +120,11 @@ class SourceConfigError(StamError):
     """The configured source systems cannot be read (a user's configuration mistake)."""
 
 
+class PageInputError(StamError, ValueError):
+    """A parameter of the timeline page's data request, or of ``stam state --html``, that cannot be read (answered
+    400, or one line and exit 2)."""
+
+
 class SubscriptionRefused(StamError, ValueError):
     """A FHIR Subscription that cannot be accepted as asked (an unknown topic or filter, a channel other than
     rest-hook, ``full-resource`` to an endpoint without TLS): answered 400/422 with an OperationOutcome."""

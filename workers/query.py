@@ -43,7 +43,7 @@ from pydantic import ValidationError
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
 from stam.compose import build_query_service, redis_client
 from stam.config import Settings
-from stam.errors import Erased, SealBroken
+from stam.errors import Erased, PageInputError, SealBroken
 from stam.logs import faust_worker
 from stam.metrics import QUERIES, QUERY_SECONDS, QUERY_SERVED_TOKENS
 from stam.read import page
@@ -303,7 +303,7 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             started = time.perf_counter()
             try:
                 window = page.window_of(dict(request.query))
-            except page.PageInputError as exc:
+            except PageInputError as exc:
                 return self.json({"ok": False, "error_kind": "invalid", "error": str(exc)}, status=400,
                                  headers=dict(NO_STORE))
             try:

@@ -49,12 +49,13 @@ def cmd_state(args: argparse.Namespace) -> int:
 def cmd_state_html(args: argparse.Namespace) -> int:
     """The timeline page of the patient with its data inlined (every memory up to ``page.MAX_ITEMS``, or those of
     ``--from``/``--to``; the state as of ``--as-of``): a file to share that opens without a worker."""
+    from stam.errors import PageInputError
     from stam.read import page
 
     try:
         window = page.window_of({"from": args.start or "", "to": args.end or "", "as_of": args.as_of or ""},
                                 names={"from": "--from", "to": "--to", "as_of": "--as-of"})
-    except page.PageInputError as exc:
+    except PageInputError as exc:
         print(f"stam: {exc}", file=sys.stderr)
         return 2
     settings = load_settings(needs=("redis",))

@@ -38,6 +38,7 @@ from schemas import StoredMemory
 from schemas.query import RecordGap
 from stam.cache import LRU
 from stam.deadletters import gap_line
+from stam.errors import PageInputError
 from stam.read.encounters import Encounters
 from stam.read.timeline import ARCHIVED, Timeline, View, from_epoch
 
@@ -63,10 +64,6 @@ POINT_CATEGORIES = frozenset({"observation", "immunization", "report", "note"})
 """Categories drawn as points at their time (a value, a shot, a report); others as bars where they last."""
 CATEGORY_ORDER = ("encounter", "condition", "allergy", "medication", "order", "procedure", "careplan",
                   "immunization", "observation", "report", "note", "other")
-
-
-class PageInputError(ValueError):
-    """A parameter of the data request that cannot be read (answered 400)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from stam.read.page import PageInputError, Window, export_html, page_data, parse_time, window_of
+from stam.errors import PageInputError
+from stam.read.page import Window, export_html, page_data, parse_time, window_of
 from stam.read.timeline import Timeline
 
 H = 3600.0
