@@ -225,7 +225,9 @@ def _category(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, stay: 
     else:
         names = _listed(tl, newest)
         if intent.kind == "count":
-            text = f"number of {label} in {scope}: {len(things)}" + (f" ({names})" if names else "")
+            # The names first and the number last: a small reader took the "2" of "22 (Peripheral vascular ...)"
+            # (docs/lifecycle.md, "What the reader makes of it").
+            text = (f"{label} in {scope}: {names}; " if names else "") + f"number of {label} in {scope}: {len(things)}"
         else:
             text = f"{label} in {scope} ({len(things)}): {names or 'none'}"
         fact = Fact(intent.kind, text, cited)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import lru_cache
@@ -87,6 +87,25 @@ def name_words(display: str) -> tuple[frozenset[str], frozenset[str]]:
     core_l = ws(core_text)
     core = frozenset(core_l[:1] + [w for w in core_l[1:] if w not in SALT_WORDS])
     return all_w, core or all_w
+
+
+_STRENGTH = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*%")
+
+
+def strengths(text: str) -> frozenset[str]:
+    """The concentrations a name or question gives ("Dextrose 5%" -> {"5"}). Bare numbers are not name words, but a
+    concentration tells products apart: Dextrose 5% is a maintenance fluid, Dextrose 50% a rescue for
+    hypoglycaemia."""
+    return frozenset(str(float(m)) for m in _STRENGTH.findall(text))
+
+
+def same_strength(asked: frozenset[str], display: str) -> bool:
+    """Whether ``display`` may be the product a question asked about with concentrations ``asked`` (either gives
+    none, or they share one)."""
+    if not asked:
+        return True
+    given = strengths(display)
+    return not given or bool(given & asked)
 
 
 def question_words(question: str) -> frozenset[str]:
@@ -254,7 +273,13 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         full, core = matched.get(th, (None, None))
         return _Ranked(float(total[k]), th, full, core, bool(current[k]))
 
-    named, name = _named([ranked_at(seg_of[th]) for th in matched], idx, served)
+    asked = strengths(question)
+
+    def of_strength(th: int) -> bool:
+        """Whether a thread may be the product of the concentration the question asked for (if it gave one)."""
+        return not asked or any(same_strength(asked, tl.display[int(i)]) for i in idx.members[th] if served[int(i)])
+
+    named, name = _named([ranked_at(seg_of[th]) for th in matched if of_strength(th)], idx, served, of_strength)
     accepted: frozenset[frozenset[str]] = frozenset({name}) if name is not None else frozenset()
     if named and name is not None and intent.kind in ("active", "changed_into"):
         # An order goes by the drug's name and more ("LR (IV therapy: IV fluids)", "HYDROmorphone (Dilaudid)"): the
@@ -263,18 +288,20 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
         named += [th for th, (full, core) in matched.items() if th not in named
                   and (core == name or full == name or core in cores)]
         accepted = frozenset({name, *cores})
+    # "Dextrose 5%" names neither Dextrose 50% nor its orders, though their core names are the same
+    named = [th for th in named if of_strength(th)]
     if not named and (intent.kind in ("started", "stopped") or (intent.kind == "active" and intent.medications)):
         return _orders_by_time(tl, idx, view, intent, k_threads)
     if named and intent.kind == "active":
         # "Is X current": the named concept's threads at T; when none of them holds a current fact, HISTORY is
         # opened whatever the gate said, to show when and why the last one ended.
-        return _is_current(tl, idx, view, intent, named, accepted)
+        return _is_current(tl, idx, view, intent, named, accepted, asked)
     if named and intent.kind == "changed_into":
-        chosen = _changed_into(tl, idx, view, intent, named, accepted)
+        chosen = _changed_into(tl, idx, view, intent, named, accepted, asked)
         if chosen is not None:
             return chosen
     if named and intent.scope == "first" and intent.scope_of == "order":
-        intent = _order_window(tl, idx, view, intent, named, name)
+        intent = _order_window(tl, idx, view, intent, named, name, asked)
     first = set(named)
     n_full = len(named) if named else FULL_THREADS
     # A named concept is the answer's thread; a few others stay beside it as context (k_active // 4).
@@ -303,10 +330,11 @@ def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, quest
     return Selection(picks, facts, named)
 
 
-def _named(ranked: Sequence[_Ranked], idx: ThreadIndex,
-           served: np.ndarray) -> tuple[list[int], frozenset[str] | None]:
+def _named(ranked: Sequence[_Ranked], idx: ThreadIndex, served: np.ndarray,
+           of_strength: Callable[[int], bool] = lambda th: True) -> tuple[list[int], frozenset[str] | None]:
     """The threads the question names (see the module doc) and the words of the name it names them by; nothing
-    when no concept is named, or the name is ambiguous."""
+    when no concept is named, or the name is ambiguous. ``of_strength``: whether a thread may be the product of the
+    concentration the question gave (its namesakes of other strengths are other products, not a second name)."""
     full = [r for r in ranked if r.full is not None]
     if full:
         longest = max(len(r.full) for r in full if r.full is not None)
@@ -329,7 +357,7 @@ def _named(ranked: Sequence[_Ranked], idx: ThreadIndex,
         # a core that several concepts share ("potassium": Potassium (Blood), Potassium, Whole Blood) names none.
         # One thread may hold several names with it (each admission names its type and origin).
         holders = {th: frozenset(n for n, c in idx.names[th] if c == the_core)
-                   for th in idx.by_core.get(the_core, ()) if served[idx.members[th]].any()}
+                   for th in idx.by_core.get(the_core, ()) if served[idx.members[th]].any() and of_strength(th)}
         if len(set(holders.values())) > 1:
             return [], None
         name = the_core
@@ -470,11 +498,12 @@ def _orders_by_time(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, 
 
 
 def _named_orders(tl: Timeline, idx: ThreadIndex, view: View, named: Sequence[int],
-                  names: frozenset[frozenset[str]]) -> list[int]:
+                  names: frozenset[frozenset[str]], asked: frozenset[str] = frozenset()) -> list[int]:
     """The present medication-order versions of the named threads that go by one of ``names`` (the question's
-    name, or its core: a thread may hold the order it was changed into, under another name)."""
+    name, or its core: a thread may hold the order it was changed into, under another name), of the concentration
+    the question ``asked`` for, if it gave one."""
     return [int(i) for th in named for i in idx.members[th] if view.present[i] and idx.is_order[i]
-            and any(n in names for n in name_words(tl.display[int(i)]))]
+            and any(n in names for n in name_words(tl.display[int(i)])) and same_strength(asked, tl.display[int(i)])]
 
 
 def _versions(tl: Timeline, view: View, members: Sequence[int] | np.ndarray, sources: set[str]) -> list[int]:
@@ -510,14 +539,14 @@ def _why(tl: Timeline, view: View, i: int, stay_of_end: str | None) -> str:
 
 
 def _is_current(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
-                names: frozenset[frozenset[str]]) -> Selection:
+                names: frozenset[frozenset[str]], asked: frozenset[str] = frozenset()) -> Selection:
     """Is the named concept current at the view: its orders (or, when it has none, its facts that are not events).
     Yes: the current ones with their versions. No: the one(s) that ended last, with what ended them (the discharge
     record, the order that discontinued or replaced them)."""
     members = [int(i) for th in named for i in idx.members[th] if view.present[i]]
-    cands = _named_orders(tl, idx, view, named, names)
+    cands = _named_orders(tl, idx, view, named, names, asked)
     if not cands:
-        cands = [i for i in members if tl.reason[i] != Reason.EVENT]
+        cands = [i for i in members if tl.reason[i] != Reason.EVENT and same_strength(asked, tl.display[i])]
     if not cands:
         return Selection([], [], list(named))
     name = thread_name(tl, cands)
@@ -566,11 +595,11 @@ def picks_by_thread(tl: Timeline, members: Sequence[int], role: str) -> list[Pic
 
 
 def _changed_into(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
-                  names: frozenset[frozenset[str]]) -> Selection | None:
+                  names: frozenset[frozenset[str]], asked: frozenset[str] = frozenset()) -> Selection | None:
     """What the named order was changed into: the order the question names (by its time: "the X order of <T>";
     else the one changed most recently), followed along its own successor link; None when the named threads hold
     no order."""
-    orders = _named_orders(tl, idx, view, named, names)
+    orders = _named_orders(tl, idx, view, named, names, asked)
     if not orders:
         return None
     members = [int(i) for th in named for i in idx.members[th]]
@@ -622,10 +651,10 @@ def _changed_into(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, na
 
 
 def _order_window(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, named: Sequence[int],
-                  name_words_: frozenset[str] | None) -> Intent:
+                  name_words_: frozenset[str] | None, asked: frozenset[str] = frozenset()) -> Intent:
     """"Within the first day of the prescription": the window from the named drug's latest order's start."""
     orders = [i for i in _named_orders(tl, idx, view, named, frozenset({name_words_}) if name_words_ else
-                                       frozenset()) if tl.t_start[i] <= view.at]
+                                       frozenset(), asked) if tl.t_start[i] <= view.at]
     if not orders:
         return intent
     latest = max(orders, key=lambda i: (tl.t_start[i], tl.ids[i]))

@@ -166,8 +166,11 @@ def test_what_the_discharge_ended(timeline: tuple[Timeline, ThreadIndex]) -> Non
 
 def test_lists_and_counts_over_an_encounter(timeline: tuple[Timeline, ThreadIndex]) -> None:
     sel = ask(timeline, "How many diagnoses were billed for this admission?", DISCH1)
-    assert fact(sel).startswith("number of diagnoses recorded in this admission, 2145-07-01 08:00 to 2145-07-10 "
-                                "12:00: 2 (")
+    text = fact(sel)
+    assert text.startswith("diagnoses recorded in this admission, 2145-07-01 08:00 to 2145-07-10 12:00: "), text
+    assert "Hypertension" in text  # the names first, the number last (a small reader took a digit of the list)
+    assert text.endswith("; number of diagnoses recorded in this admission, 2145-07-01 08:00 to 2145-07-10 "
+                         "12:00: 2"), text
     assert served(timeline, sel) == {"dx0", "dx1"}
     assert "Hypertension" in fact(ask(timeline, "Which diagnoses were billed for this admission?", DISCH1))
     # The second admission has none of them.
@@ -211,3 +214,25 @@ def test_a_value_line_marks_where_the_current_admission_begins() -> None:
     assert line == ("- PTT (Blood): 30.5 sec at 2148-01-28 06:00 [current]; earlier: 53.7 sec at 2148-01-21 10:00; "
                     "| before this admission (from 2148-01-20 08:00): 35 sec at 2145-07-05 06:00")
     assert "before this admission" not in render_block(items, labels=True)
+
+
+def test_a_concentration_names_one_product_not_its_namesakes() -> None:
+    """Dextrose 5% (a maintenance fluid, ended) and Dextrose 50% (a rescue for low glucose, active) share the core
+    name "dextrose": asked about one strength, the answer is about that one (MIMIC patient 10020740 got "yes" for
+    Dextrose 5% from the Dextrose 50% order)."""
+    e = "Encounter/9"
+    admit = mem("adm", Category.ENCOUNTER, ENC, "hospital-admission", "Hospital admission", t(2150, 3, 11), ref=e,
+                enc=e, lifecycle=Lifecycle.ENCOUNTER)
+    d5 = mem("d5", Category.MEDICATION, "http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-medication-icu", "225158",
+             "Dextrose 5% (IV therapy: IV fluids)", t(2150, 3, 20), end=t(2150, 3, 21), ref="MedicationRequest/icu-1",
+             enc=e, lifecycle=Lifecycle.INTERVAL)
+    d50 = mem("d50", Category.MEDICATION, ORDER, "p-9", "Dextrose 50%", t(2150, 3, 26, 17),
+              end=t(2150, 4, 25, 18), ref="MedicationRequest/poe-9", enc=e, lifecycle=Lifecycle.ENCOUNTER)
+    tl = Timeline.from_stored("p", 1, [stored(admit), stored(d5, Store.HISTORY, Reason.EXPIRED,
+                                                             ended_at=t(2150, 3, 21)), stored(d50)])
+    pair = (tl, ThreadIndex.build(tl))
+    at = t(2150, 4, 1, 8, 10)
+    five = fact(ask(pair, "As of 2150-04-01 08:10:00, is the patient currently receiving Dextrose 5%?", at))
+    assert ": no, not an active order" in five and "Dextrose 5%" in five, five
+    fifty = fact(ask(pair, "Is the patient currently receiving Dextrose 50%?", at))
+    assert ": yes, an active order" in fifty, fifty
