@@ -71,13 +71,19 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver \
 		|| echo "chromium not installed (apt-get failed): tests/integration/test_timeline_page.py will skip"
 
-# Test modules run in TEST_WORKERS processes (pytest-xdist), each module whole in one of them (--dist loadfile: its
-# stack, workers and ordered tests stay together), the modules that start servers first (tests/conftest.py). Much of a
-# real-stack test waits (a worker starting and joining its group, broker round trips), so three processes overlap
-# even on 2 cores. TEST_WORKERS=0: one process, as before.
+# Two passes. First every module but the model ones, in TEST_WORKERS processes (pytest-xdist), each module whole in
+# one of them (--dist loadfile: its stack, workers and ordered tests stay together), the modules that start servers
+# first (tests/conftest.py). Much of a real-stack test waits (a worker starting and joining its group, broker round
+# trips), so three processes overlap even on 2 cores. Then the modules marked `model` (a language model on the CPU
+# through llama.cpp) alone: sharing 2 cores with the first pass they ran 6-10 times slower than alone.
+# A failure in the first pass still runs the second; make fails if either did. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 3
 test: setup prometheus browser
-	$(BIN)/python -m pytest -q -ra --durations=10 $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	status=0; \
+	$(BIN)/python -m pytest -q -ra --durations=10 -m "not model" \
+		$(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) || status=$$?; \
+	$(BIN)/python -m pytest -q -ra --durations=5 -m model || status=$$?; \
+	exit $$status
 
 # The tests marked `extras` (vLLM's CPU build, the train extra), after installing those parts; `make test` skips
 # them with their reason. Here a skip is a failure (tests/conftest.py), so they really ran.

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import DATA
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]  # make test runs it alone, after the others (Makefile)
 MIMIC = DATA / "mimic-iv-demo-2.2"
 PATIENT = "10019917"
 QTYPES = ("last_value", "count", "value_at_time")

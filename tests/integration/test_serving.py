@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import DATA
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.model]  # make test runs it alone, after the others (Makefile)
 NOTES = DATA / "synthea-bulk-10p" / "DocumentReference.000.ndjson"
 NOTE_ID = "0061f2c3-da54-f173-8dd4-84aec491b624"  # "# Medications: nitrofurantoin ...; ibuprofen 400 mg ..."
 
