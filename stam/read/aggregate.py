@@ -225,9 +225,11 @@ def _category(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, stay: 
     else:
         names = _listed(tl, newest)
         if intent.kind == "count":
-            # The names first and the number last: a small reader took the "2" of "22 (Peripheral vascular ...)"
-            # (docs/lifecycle.md, "What the reader makes of it").
-            text = (f"{label} in {scope}: {names}; " if names else "") + f"number of {label} in {scope}: {len(things)}"
+            # The names first and the number last, with no time just before it: a small reader took the "2" of
+            # "22 (Peripheral vascular ...)", and of "... to 2176-06-08 18:30: 22" (docs/lifecycle.md, "What the
+            # reader makes of it").
+            text = (f"{label} in {scope}: {names}; number of {label} in {scope.split(',')[0]}: {len(things)}"
+                    if names else f"number of {label} in {scope}: {len(things)}")
         else:
             text = f"{label} in {scope} ({len(things)}): {names or 'none'}"
         fact = Fact(intent.kind, text, cited)

@@ -11,7 +11,8 @@ end, status and what replaced them, said once::
     - Ciprofloxacin 500 mg PO Q12H: started 2148-01-23 08:00; ended 2148-01-25 14:00 (superseded), changed into
       Levofloxacin 750 mg PO Q24H
 
-Computed facts (``stam.read.select``) come first, marked as computed. ``labels=false`` is the neutral rendering
+Computed facts (``stam.read.select``) come last, next to the question, marked as computed; their tokens are
+counted first, so the budget never drops one. ``labels=false`` is the neutral rendering
 of the method's appendix (no store words: no ``[current]``, no reasons); times and order stay. ``spans=true``
 adds the source text around each memory that has one.
 
@@ -164,14 +165,13 @@ def render_packet(req: QueryRequest, blocks: Sequence[Sequence[EvidenceItem]], f
     used = tokenizer.count(top)
     kept_facts: list[ComputedFact] = []
     fact_lines: list[str] = []
-    for f in facts:  # first: the 0.5B reader scored F1 0.877 with them first, 0.748 last (MIMIC-QA dev, 60 q)
+    for f in facts:  # their tokens first: a computed fact is never what the budget drops
         line = f"Computed from the record: {f.text}"
         n = tokenizer.count(line) + 1
         if budget is None or used + n <= budget:
             fact_lines.append(line)
             kept_facts.append(f)
             used += n
-    lines.extend(fact_lines)
     kept: list[EvidenceItem] = []
     dropped = 0
     for n_block, block in enumerate(blocks):
@@ -192,6 +192,9 @@ def render_packet(req: QueryRequest, blocks: Sequence[Sequence[EvidenceItem]], f
                 break
         if not placed:
             dropped += len(block)
+    # The computed facts last, next to the question: the packaged 1.5B reader answered from the threads above them
+    # where they came first (docs/lifecycle.md, "What the reader makes of it").
+    lines.extend(fact_lines)
     if not kept and not kept_facts:
         lines.append("(no memory retrieved)")
     return "\n".join(lines), [i.model_copy(update={"rank": n}) for n, i in enumerate(kept, start=1)], kept_facts, \

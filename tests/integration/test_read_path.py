@@ -64,7 +64,8 @@ def test_current_question_gets_only_the_current_fact_as_current(loaded: Any) -> 
     (h,) = heights(p, deps)
     assert h.store is Store.ACTIVE and h.text.startswith("Body Height: 87.8") and h.role == "current"
     assert "- Body Height: 87.8171 cm at 1941-03-15 07:44 [current]" in p.rendered
-    assert "earlier" not in p.rendered.split("\n")[2]
+    assert "earlier" not in next(x for x in p.rendered.splitlines() if x.startswith("- Body Height:"))
+    assert p.rendered.splitlines()[-1].startswith("Computed from the record: ")  # last, next to the question
     (fact,) = p.facts
     assert fact.text == "Body Height, most recent value (at 1941-03-15 07:44): 87.8171 cm"  # the answer last
     assert fact.memory_ids == (h.memory_id,) and "Computed from the record: " + fact.text in p.rendered
