@@ -195,7 +195,32 @@ def render_qa(report: dict[str, Any]) -> str:
     return out
 
 
+def render_timeline_page(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.timeline_page``: per patient, the first view's window and its load time in Chromium,
+    the first run (the patient read from Redis) apart from the later ones (the timeline the page kept)."""
+    def span(values: list[float]) -> str:
+        lo, hi = min(values), max(values)
+        return fmt(round(lo)) if round(lo) == round(hi) else f"{fmt(round(lo))}-{fmt(round(hi))}"
+
+    rows = []
+    for p in report["patients"]:
+        runs = p["runs"]
+        first, later = runs[0], runs[1:]
+        window = (f"{fmt(first['shown'])} memories, {fmt(first['threads'])} threads, "
+                  f"{fmt(first['transitions'])} transitions")
+        rows.append([p["patient"], p["memories"], window, "first (read from Redis)", round(first["fetch_ms"]),
+                     round(first["render_ms"]), round(first["wall_ms_from_click"])])
+        if later:
+            rows.append(["", "", "", f"the next {fmt(len(later))}", span([r["fetch_ms"] for r in later]),
+                         span([r["render_ms"] for r in later]), span([r["wall_ms_from_click"] for r in later])])
+    head = (f"Chromium {report['chromium']} headless; {fmt(len(report['patients']))} patients of a replayed store of "
+            f"{fmt(report['store_patients'])}")
+    return head + "\n\n" + table(["patient", "memories", "first window", "run", "data call ms", "render ms",
+                                   "click to drawn ms"], rows)
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "timeline_page": render_timeline_page,
     "faust_floor": render_faust_floor,
     "redis_fsync": render_redis_fsync,
     "eval:lifecycle": render_lifecycle,

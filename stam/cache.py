@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+T = TypeVar("T")
 
 
 class LRU(Generic[K, V]):
@@ -85,3 +86,38 @@ class LRU(Generic[K, V]):
     def __len__(self) -> int:
         with self._lock:
             return len(self._data)
+
+
+class VersionedCache(Generic[T]):
+    """Per-patient values (a patient's timeline, with or without its index and vectors) valid for one state version
+    (``version_of(value)``), least recently used out first beyond ``max_weight`` (``weigh``), the last one kept.
+    When the store's erasure count moves, every value held is dropped: an erased patient is never served from here,
+    even one re-created since up to the same version; and a value read before the count moved is not kept."""
+
+    def __init__(self, max_weight: int, *, version_of: Callable[[T], int], weigh: Callable[[T], int]) -> None:
+        self._items: LRU[str, T] = LRU(max_weight, weigh=weigh, keep_last=True)
+        self._version_of = version_of
+        self._lock = RLock()
+        self._erasures = 0
+
+    def get(self, patient_id: str, version: int, erasures: int = 0) -> T | None:
+        """``erasures``: the store's erasure count, read with ``version``."""
+        with self._lock:
+            if erasures != self._erasures:
+                self._items.clear()
+                self._erasures = erasures
+            got = self._items.get(patient_id)
+            return got if got is not None and self._version_of(got) == version else None
+
+    def put(self, patient_id: str, value: T, erasures: int = 0) -> None:
+        """``erasures``: the count read with the version the value was built from."""
+        with self._lock:
+            if erasures == self._erasures:
+                self._items.put(patient_id, value)
+
+    def forget(self, patient_id: str) -> None:
+        with self._lock:
+            self._items.pop(patient_id)
+
+    def weight(self) -> int:
+        return self._items.weight()

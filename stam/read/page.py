@@ -29,14 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from threading import Lock
 from typing import Any
 
 import numpy as np
 
 from schemas import StoredMemory
 from schemas.query import RecordGap
-from stam.cache import LRU
+from stam.cache import VersionedCache
 from stam.deadletters import gap_line
 from stam.errors import PageInputError
 from stam.read.encounters import Encounters
@@ -51,11 +50,12 @@ ASSETS: dict[str, str] = {
     "timeline.css": "text/css; charset=utf-8",
 }
 """The page's static files (``stam/read/web/static``), by name: the only ones the worker serves."""
-FIRST_VIEW_ITEMS = 1000
-"""A first view without a window shows about this many of the latest memories (all of a smaller record). vis-timeline
-measures every item in the time range on its first draw (~1 ms each on a busy 2-core machine, whatever the rows
-scrolled into view): 1,000 memories and their transitions draw in ~2 s there, 3,000 in ~4-6 s (measured,
-benchmarks/timeline_page.py)."""
+FIRST_VIEW_ITEMS = 300
+"""A first view without a window starts at the start of the latest this-many memories (all of a smaller record);
+what lasts into that window is drawn too. vis-timeline measures every item in the time range on its first draw,
+whatever rows are scrolled into view (~1 ms each on a busy 2-core machine): from the latest 1,000 (1,428 memories
+and 955 transitions in the window of the largest MIMIC-IV demo patient) the first draw took 1.8-3.0 s there, over
+the page's goal of 1 s (docs/timeline.md, benchmarks/timeline_page.py)."""
 MAX_ITEMS = 20_000
 """Most memories one window sends (the latest of a larger window)."""
 MAX_DETAILS = 2000
@@ -102,35 +102,18 @@ def window_of(params: dict[str, str], names: dict[str, str] | None = None) -> Wi
                   parse_time(said["as_of"], params.get("as_of")), parse_time(said["compare"], params.get("compare")))
 
 
-class PageTimelines:
+class PageTimelines(VersionedCache[Timeline]):
     """The timelines the page read itself (the query service's are used first, once a query built them), least
     recently used out first beyond ``max_memories``: panning and zooming read one window after another of the same
-    patient. Valid for one state version; every one is dropped when the store's erasure count moves (an erased
-    patient is never drawn from here)."""
+    patient. No vectors or thread index: drawing needs neither."""
 
     def __init__(self, max_memories: int = 100_000) -> None:
-        self._items: LRU[str, Timeline] = LRU(max_memories, weigh=len, keep_last=True)
-        self._lock = Lock()
-        self._erasures = 0
-
-    def get(self, patient_id: str, version: int, erasures: int) -> Timeline | None:
-        with self._lock:
-            if erasures != self._erasures:
-                self._items.clear()
-                self._erasures = erasures
-            tl = self._items.get(patient_id)
-            return tl if tl is not None and tl.version == version else None
-
-    def put(self, tl: Timeline, erasures: int) -> None:
-        with self._lock:
-            if erasures == self._erasures:
-                self._items.put(tl.patient_id, tl)
+        super().__init__(max_memories, version_of=lambda tl: tl.version, weigh=len)
 
 
 def load_timeline(states: Any, patient_id: str, cache: Any = None, own: PageTimelines | None = None) -> Timeline:
     """The patient's timeline: the query service's cached one when it holds the current version (``cache``: a
-    :class:`~stam.read.service.TimelineCache`), else this page's (``own``), else read from the timeline rows (the
-    records where rows are missing). No vectors are needed to draw it."""
+    :class:`~stam.read.service.TimelineCache`), else this page's (``own``), else read from the state store."""
     both = getattr(states, "version_and_erasures", None)
     version, erasures = both(patient_id) if both is not None else (states.version(patient_id), 0)
     if cache is not None:
@@ -139,13 +122,9 @@ def load_timeline(states: Any, patient_id: str, cache: Any = None, own: PageTime
             return got[0]  # type: ignore[no-any-return]
     if own is not None and (mine := own.get(patient_id, version, erasures)) is not None:
         return mine
-    got_rows = states.timeline_rows(patient_id)
-    if got_rows is not None:
-        tl = Timeline.from_rows(patient_id, *got_rows)
-    else:
-        tl = Timeline.from_records(patient_id, *states.records(patient_id))
+    tl = Timeline.read(states, patient_id)
     if own is not None and len(tl):
-        own.put(tl, erasures)
+        own.put(patient_id, tl, erasures)
     return tl
 
 

@@ -93,7 +93,7 @@ _STRENGTH = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*%")
 
 
 def strengths(text: str) -> frozenset[str]:
-    """The concentrations a name or question gives ("Dextrose 5%" -> {"5"}). Bare numbers are not name words, but a
+    """The concentrations a name or question gives ("Dextrose 5%" -> {"5.0"}). Bare numbers are not name words, but a
     concentration tells products apart: Dextrose 5% is a maintenance fluid, Dextrose 50% a rescue for
     hypoglycaemia."""
     return frozenset(str(float(m)) for m in _STRENGTH.findall(text))

@@ -50,7 +50,7 @@ from schemas.query import (
     RecordGap,
     Visibility,
 )
-from stam.cache import LRU
+from stam.cache import VersionedCache
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
@@ -74,42 +74,27 @@ SPAN_CHARS = 240
 DEFAULT_CACHE_MEMORIES = 500_000
 
 
-class TimelineCache:
+class TimelineCache(VersionedCache[tuple[Timeline, ThreadIndex]]):
     """Per-patient timelines (with their vectors and thread index) of one process, least recently used out
     first once they hold more than ``max_memories`` memories. A timeline is valid for one state version."""
 
     def __init__(self, max_memories: int = DEFAULT_CACHE_MEMORIES) -> None:
-        self._items: LRU[str, tuple[Timeline, ThreadIndex]] = LRU(max_memories, weigh=lambda item: len(item[0]),
-                                                                  keep_last=True)
-        self._lock = Lock()
-        self._erasures = 0
+        super().__init__(max_memories, version_of=lambda item: item[0].version, weigh=lambda item: len(item[0]))
         self.loads = 0
         self.hits = 0
 
     def get(self, patient_id: str, version: int, erasures: int = 0) -> tuple[Timeline, ThreadIndex] | None:
-        """``erasures``: the store's erasure count; when it moved, every timeline held is dropped (an erased
-        patient is never served from here, even one re-created since up to the same version)."""
-        with self._lock:
-            if erasures != self._erasures:
-                self._items.clear()
-                self._erasures = erasures
-            got = self._items.get(patient_id)
-            if got is None or got[0].version != version:
-                return None
+        got = super().get(patient_id, version, erasures)
+        if got is not None:
             self.hits += 1
-            return got
+        return got
 
-    def put(self, tl: Timeline, idx: ThreadIndex) -> None:
-        with self._lock:
-            self._items.put(tl.patient_id, (tl, idx))
-            self.loads += 1
-
-    def forget(self, patient_id: str) -> None:
-        with self._lock:
-            self._items.pop(patient_id)
+    def put(self, patient_id: str, value: tuple[Timeline, ThreadIndex], erasures: int = 0) -> None:
+        super().put(patient_id, value, erasures)
+        self.loads += 1
 
     def memories(self) -> int:
-        return self._items.weight()
+        return self.weight()
 
 
 class QueryService:
@@ -142,15 +127,10 @@ class QueryService:
         if got is not None:
             return got
         with _collector_paused():
-            got_rows = self.states.timeline_rows(patient_id)
-            if got_rows is not None:
-                tl = Timeline.from_rows(patient_id, *got_rows)
-            else:
-                version, raw = self.states.records(patient_id)
-                tl = Timeline.from_records(patient_id, version, raw)
+            tl = Timeline.read(self.states, patient_id)
             self._attach_vectors(tl)
             idx = ThreadIndex.build(tl)
-        self.cache.put(tl, idx)
+        self.cache.put(patient_id, (tl, idx), erasures)
         return tl, idx
 
     def _attach_vectors(self, tl: Timeline) -> None:

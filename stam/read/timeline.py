@@ -146,6 +146,15 @@ class Timeline:
         return cls.from_rows(patient_id, version, [row_of(s.model_dump(mode="json")) for s in stored])
 
     @classmethod
+    def read(cls, states: Any, patient_id: str) -> Timeline:
+        """The patient's timeline from a state store (:class:`~stam.stores.base.StateStore`): its timeline rows, or
+        its records where a store keeps no rows. No vectors: :meth:`attach_vectors` adds them."""
+        got_rows = states.timeline_rows(patient_id)
+        if got_rows is not None:
+            return cls.from_rows(patient_id, *got_rows)
+        return cls.from_records(patient_id, *states.records(patient_id))
+
+    @classmethod
     def from_rows(cls, patient_id: str, version: int, rows_in: Sequence[Sequence[Any]]) -> Timeline:
         """From timeline rows (:mod:`stam.stores.rows`, what the state store keeps beside each record). Column
         by column (a patient of 20,000 memories is read at a first query: it must be quick)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from stam.cache import LRU
+from stam.cache import LRU, VersionedCache
 
 
 def test_least_recently_used_goes_first_and_get_refreshes() -> None:
@@ -66,3 +66,17 @@ def test_threads_never_see_it_over_its_bound() -> None:
     for t in threads:
         t.join()
     assert not over and len(c) == 50
+
+
+def test_a_versioned_cache_serves_one_version_and_forgets_everything_at_an_erasure() -> None:
+    c: VersionedCache[tuple[int, list[int]]] = VersionedCache(10, version_of=lambda v: v[0], weigh=lambda v: len(v[1]))
+    c.put("a", (3, [1, 2]))
+    assert c.get("a", 3) == (3, [1, 2]) and c.get("a", 4) is None  # another version: not this value
+    c.put("b", (1, [1]))
+    assert c.get("b", 1, erasures=1) is None and c.get("a", 3, erasures=1) is None  # an erasure: all of it forgotten
+    c.put("a", (3, [1, 2]), erasures=0)  # read before that erasure: not kept
+    assert c.get("a", 3, erasures=1) is None
+    c.put("a", (5, [1]), erasures=1)
+    assert c.get("a", 5, erasures=1) == (5, [1]) and c.weight() == 1
+    c.forget("a")
+    assert c.get("a", 5, erasures=1) is None
