@@ -52,10 +52,11 @@ ASSETS: dict[str, str] = {
 """The page's static files (``stam/read/web/static``), by name: the only ones the worker serves."""
 FIRST_VIEW_ITEMS = 300
 """A first view without a window starts at the start of the latest this-many memories (all of a smaller record);
-what lasts into that window is drawn too. vis-timeline measures every item in the time range on its first draw,
-whatever rows are scrolled into view (~1 ms each on a busy 2-core machine): from the latest 1,000 (1,428 memories
-and 955 transitions in the window of the largest MIMIC-IV demo patient) the first draw took 1.8-3.0 s there, over
-the page's goal of 1 s (docs/timeline.md, benchmarks/timeline_page.py)."""
+what lasts into that window is drawn too. vis-timeline measures every item and row in the time range on its first
+draw, whichever rows are scrolled into view. For the largest MIMIC-IV demo patient on a 2-core machine, the latest
+1,000 (1,428 memories, 509 rows) drew in 1.8-3.0 s and the latest 300 (590 memories, 272 rows) in 1.0-1.9 s; the
+latest 100 (351 memories, 253 rows) still took ~1 s: the rows set it (docs/timeline.md, benchmarks/timeline_page.py),
+over the page's goal of 1 s."""
 MAX_ITEMS = 20_000
 """Most memories one window sends (the latest of a larger window)."""
 MAX_DETAILS = 2000
