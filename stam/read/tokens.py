@@ -40,17 +40,44 @@ class HFTokenizer:
         return [len(x) for x in ids]
 
 
+class WordPieceTokenizer:
+    """A BERT tokenizer's ``tokenizer.json`` read by ``tokenizers`` itself: the counts transformers'
+    BertTokenizerFast gives (it wraps the same file), without importing transformers at a process's start."""
+
+    def __init__(self, path: str, name: str) -> None:
+        from tokenizers import Tokenizer as Backend
+
+        self._tok = Backend.from_file(path)
+        self._tok.no_truncation()
+        self._tok.no_padding()
+        self.name = name
+
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=False).ids) if text else 0
+
+    def count_many(self, texts: list[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(e.ids) for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
 @lru_cache(maxsize=4)
-def load_tokenizer(name: str) -> HFTokenizer:
+def load_tokenizer(name: str) -> HFTokenizer | WordPieceTokenizer:
     """``name``: an embedding model name (its packaged tokenizer) or a local tokenizer folder."""
+    import json
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoTokenizer
-
     from stam.embedding import resolve_model_path
 
     path = resolve_model_path(name)
+    config, backend = os.path.join(path, "tokenizer_config.json"), os.path.join(path, "tokenizer.json")
+    if os.path.isfile(config) and os.path.isfile(backend):
+        with open(config) as fh:
+            if json.load(fh).get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"):
+                return WordPieceTokenizer(backend, name)
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(path)
     tok.model_max_length = 10**9  # counting, not encoding for the model: never truncate or warn
     return HFTokenizer(tok, name)
