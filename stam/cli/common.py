@@ -95,6 +95,21 @@ def add_replay_options(q: argparse.ArgumentParser, *, source: str) -> None:
     q.add_argument("--tables", default="poe,pharmacy,labevents", help="comma-separated MIMIC-IV tables")
 
 
+def check_sources(args: argparse.Namespace) -> None:
+    """The data folders a replay or evaluation command reads, checked before it loads a model: a wrong folder is
+    one line in a second, not after the embedding model (and a reader) have loaded. Raises the same
+    :class:`~stam.errors.SourceError` the loaders raise (``stam`` prints it in one line, exit 2)."""
+    from stam.errors import SourceError
+    from stam.sources.mimic import is_mimic_root
+
+    source = getattr(args, "source", None)
+    mimic, synthea = getattr(args, "mimic", None), getattr(args, "synthea", None)
+    if mimic and source in (None, "mimic") and not is_mimic_root(Path(mimic)):
+        raise SourceError(f"{mimic} is not a MIMIC-IV folder (no hosp/admissions.csv.gz)")
+    if synthea and source in (None, "synthea") and not Path(synthea).is_dir():
+        raise SourceError(f"{synthea} is not a folder of Synthea bundles")
+
+
 class LazyBar:
     """A progress bar (tqdm, on stderr) drawn from the first progress reported: a command that stops before any
     work (a missing folder, the stack down) says why in one line, with no empty bar before it."""

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import add_replay_options, emit_report, table
+from stam.cli.common import add_replay_options, check_sources, emit_report, table
 
 GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the concept types the gate meets are "
              "exchangeable with the calibration types, the expected deletion loss over a new concept type is at "
@@ -18,6 +18,7 @@ GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the co
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    check_sources(args)  # before any model loads
     import tempfile
 
     from stam.deletion.calibrate import STRICT
@@ -28,9 +29,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     subjects = args.subjects.split(",") if args.subjects else None
     embedder = Embedder()
-    if args.replay_dir and args.source != "mimic":
-        print("stam deletion: --replay-dir keeps MIMIC-IV replays only", file=sys.stderr)
-        return 2
     with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
         print(f"replaying {args.source} ...", file=sys.stderr)
         if args.source == "mimic":
@@ -41,8 +39,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         else:
             from stam.eval.synthea import replay_synthea
 
-            run, _ = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(work), patients=subjects,
-                                    embedder=embedder)
+            run, _ = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(args.replay_dir or work),
+                                    patients=subjects, embedder=embedder, keep=bool(args.replay_dir))
         try:
             types, kept = candidate_types(run.deps.states.load(p) for p in sorted(run.entries))
         finally:
@@ -128,18 +126,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import asyncio
     import logging
 
-    from stam.cli.common import load_settings
-    from stam.compose import redis_client
     from stam.deletion.gate import Gate
-    from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
-    from stam.embedding import Embedder
-    from stam.stores.redis_state import RedisStateStore
 
     try:
         gate = Gate.load(Path(args.gate))
     except ValueError as exc:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
+    from stam.cli.common import load_settings
+    from stam.compose import redis_client
+    from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
+    from stam.embedding import Embedder
+    from stam.stores.redis_state import RedisStateStore
+
     settings = load_settings(needs=("redis",) if args.dry_run else ("redis", "broker"))
     for name in ("pymilvus", "pymilvus.milvus_client"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -211,8 +210,9 @@ def _label_options(q: argparse.ArgumentParser) -> None:
     q.add_argument("--relabel", action="store_true", help="label again even if --labels exists")
     q.add_argument("--judge-limit", type=int, default=0, metavar="N", help="judge at most N unlabelled types, a "
                    "seeded random sample (the rest stay out of the calibration; a store has thousands of types)")
-    q.add_argument("--replay-dir", help="MIMIC-IV: keep the replay in this folder and reuse it next time (a replay "
-                   "of many patients with every table takes tens of minutes here)")
+    q.add_argument("--replay-dir", help="keep the replay in this folder and reuse it next time, for the same patients "
+                   "(and MIMIC-IV tables): a replay of many MIMIC-IV patients with every table takes tens of minutes "
+                   "here")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -10,13 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import LazyBar, add_replay_options, emit_report, table
+from stam.cli.common import LazyBar, add_replay_options, check_sources, emit_report, table
 from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam.eval.provenance import stamp
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
 
 def cmd_eval_state(args: argparse.Namespace) -> int:
+    check_sources(args)  # before any model loads
     import tempfile
 
     from stam.embedding import Embedder
@@ -144,6 +145,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_gate(args: argparse.Namespace) -> int:
+    check_sources(args)  # before any model loads
     import random
     import tempfile
 
@@ -226,6 +228,7 @@ def cmd_eval_questions(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
+    check_sources(args)  # before any model loads
     import tempfile
 
     from stam.embedding import Embedder

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from schemas import AtomicMemory
 from stam.deletion.labels import Endurance
@@ -83,6 +82,8 @@ def train(vectors: np.ndarray, safe: np.ndarray, *, encoder: str, types: Sequenc
     type weighs the same in the loss, so a type charted 5,000 times does not drown 200 rare ones."""
     if len(vectors) == 0 or len(set(safe.tolist())) < 2:
         raise ValueError("training needs memories of both classes")
+    import torch  # here, not at import: scoring with a trained head (the sweep, the worker) needs numpy only
+
     torch.manual_seed(seed)
     x = torch.as_tensor(vectors, dtype=torch.float32)
     y = torch.as_tensor(safe, dtype=torch.float32)

@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from schemas import RecordEntry
-from stam.eval.state import Gold, GoldPair, ProgressFn, Replayed, diagnose, patient_timeline, replay_entries
+from stam.eval.state import (
+    Gold,
+    GoldPair,
+    ProgressFn,
+    Replayed,
+    diagnose,
+    open_replay,
+    patient_timeline,
+    replay_entries,
+    save_replay,
+)
 from stam.sources.fhir_r4 import _status_code, entries_from_bundle, iter_bundle_files, parse_time
 
 SYNTHEA_PAIR_KINDS = ("med-renewal", "observation-repeat")
@@ -113,12 +123,28 @@ def load_synthea(folder: Path) -> tuple[list[dict[str, Any]], dict[str, list[Rec
     return raws, entries
 
 
+SYNTHEA_TABLES = ("synthea-r4-bundles",)
+"""What a kept Synthea replay records as its tables (``replay.json``), so a MIMIC-IV replay is never reopened as
+one."""
+
+
 def replay_synthea(folder: Path, *, variant: str, workdir: Path, patients: Sequence[str] | None = None,
-                   embedder: Any = None, progress: ProgressFn | None = None) -> tuple[Replayed, list[dict[str, Any]]]:
+                   embedder: Any = None, progress: ProgressFn | None = None,
+                   keep: bool = False) -> tuple[Replayed, list[dict[str, Any]]]:
+    """The bundles of ``folder`` (``patients`` only, when given) through the write-path stages under ``variant``;
+    ``keep``: as :func:`stam.eval.state.replay_mimic`'s (the replay stays in ``workdir``, and a later call for
+    patients it holds reopens it)."""
     raws, entries = load_synthea(folder)
     chosen = [p for p in sorted(entries) if patients is None or p in set(patients)]
+    wanted = chosen if patients is not None else None
+    if keep:
+        reopened = open_replay(workdir, variant=variant, tables=SYNTHEA_TABLES, subjects=wanted, embedder=embedder)
+        if reopened is not None:
+            return reopened, raws
     run = replay_entries((entries[p] for p in chosen), variant=variant, workdir=workdir, embedder=embedder,
                          progress=progress)
+    if keep:
+        save_replay(run, workdir, variant=variant, tables=SYNTHEA_TABLES, subjects=wanted)
     return run, raws
 
 

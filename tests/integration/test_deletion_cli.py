@@ -15,10 +15,13 @@ from tests.conftest import BUNDLES, REPO, SMALL_PATIENT, need_data
 def test_calibrate_reports_the_gate_on_a_replayed_patient(tmp_path: Path) -> None:
     need_data()
     out, labels = tmp_path / "report.json", tmp_path / "labels.jsonl"
-    replay = ["--source", "synthea", "--synthea", str(BUNDLES), "--subjects", SMALL_PATIENT, "--labels", str(labels)]
+    # The three runs share one replay (--replay-dir): the first writes it, the next two reopen it.
+    replay = ["--source", "synthea", "--synthea", str(BUNDLES), "--subjects", SMALL_PATIENT, "--labels", str(labels),
+              "--replay-dir", str(tmp_path / "replay")]
     labelled = subprocess.run([sys.executable, "-m", "stam.cli", "deletion", "label", *replay],
                               cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
     assert labelled.returncode == 0, labelled.stderr[-3000:]
+    assert json.loads((tmp_path / "replay" / "replay.json").read_text())["patients"] == [SMALL_PATIENT]
     counts = json.loads(labelled.stdout)["types"]
     assert counts["labelled"] == labels.read_text().count("\n") > 0
     # Codes label this patient's vital signs safe; its coded never-forget types are held by rule, not candidates.
