@@ -124,9 +124,11 @@ def test_an_hl7_visit_through_the_broker_ends_with_its_discharge_and_a_cancelled
 
 def test_bulk_notes_of_12_patients_become_note_memories_of_their_patient(stack_settings: Any, worker: Any,
                                                                          tmp_path: Any) -> None:
-    """The bulk export's notes, interleaved across 12 of its 13 patients (507 notes), through the broker and the
-    worker. The 13th patient's 708 notes are left out for the suite's time only (they took 2 of the test's 4
-    minutes); the mapping of all 1,215 is checked without the broker in tests/unit/test_fhir_ndjson.py."""
+    """The bulk export's notes, interleaved across 12 of its 13 patients, through the broker and the worker: the
+    first 8 of each patient's notes (96), in the file's order. The rest (1,119 notes) are left out for the suite's
+    time only (each note costs the worker about 0.2 s of CPU on 2 cores); the mapping of all 1,215 is checked
+    without the broker in tests/unit/test_fhir_ndjson.py, and one patient's notes become memories whole in
+    tests/integration/test_stages_real_stores.py."""
     _need(NOTES)
     from collections import Counter
 
@@ -135,12 +137,18 @@ def test_bulk_notes_of_12_patients_become_note_memories_of_their_patient(stack_s
     lines = NOTES.read_text().splitlines()
     per_patient = Counter(json.loads(line)["subject"]["reference"] for line in lines)
     largest = max(per_patient, key=per_patient.__getitem__)
-    keep = [line for line in lines if json.loads(line)["subject"]["reference"] != largest]
+    taken: Counter[str] = Counter()
+    keep = []
+    for line in lines:
+        ref = json.loads(line)["subject"]["reference"]
+        if ref != largest and taken[ref] < 8:
+            taken[ref] += 1
+            keep.append(line)
     notes = tmp_path / "DocumentReference.000.ndjson"
     notes.write_text("\n".join(keep) + "\n")
     raw = [json.loads(line) for line in keep]
     summary = asyncio.run(publish_paths(stack_settings, [notes]))
-    assert summary.sent == len(raw) == 507 and len({r["subject"]["reference"] for r in raw}) == 12
+    assert summary.sent == len(raw) == 96 and len({r["subject"]["reference"] for r in raw}) == 12
     assert summary.dead_lettered == 0
     by_ref = {f"DocumentReference/{r['id']}": r for r in raw}
     want = set(by_ref)
