@@ -74,10 +74,11 @@ browser:
 # Two passes. First every module but the model ones, in TEST_WORKERS processes (pytest-xdist), each module whole in
 # one of them (--dist loadfile: its stack, workers and ordered tests stay together), the modules that start servers
 # first (tests/conftest.py). Much of a real-stack test waits (a worker starting and joining its group, broker round
-# trips), so three processes overlap even on 2 cores. Then the modules marked `model` (a language model on the CPU
-# through llama.cpp) alone: sharing 2 cores with the first pass they ran 6-10 times slower than alone.
-# A failure in the first pass still runs the second; make fails if either did. TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 3
+# trips): with three processes 22% of the 2 cores stayed idle, so four overlap them. Then the modules marked `model`
+# (a language model on the CPU through llama.cpp) alone: sharing 2 cores with the first pass they ran 6-10 times
+# slower than alone. A failure in the first pass still runs the second; make fails if either did. TEST_WORKERS=0:
+# one process.
+TEST_WORKERS ?= 4
 test: setup prometheus browser
 	status=0; \
 	$(BIN)/python -m pytest -q -ra --durations=10 -m "not model" \

@@ -51,8 +51,14 @@ def small_bundle():  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """The real embedded stack (Tansu broker, redis-server, Milvus Lite server) in a temp home."""
+def stack_settings(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The real embedded stack (Tansu broker, redis-server, Milvus Lite server) in a temp home, one per module.
+
+    The broker keeps its log in memory (Tansu's memory engine) unless the module is marked ``durable_broker``:
+    then on SeaweedFS, as ``stam stack up`` runs it. Those are the modules whose claims need the log on disk (a
+    broker killed and started again, stores crashed and rebuilt from the log, the disk scanned for an erased
+    patient's bytes); for the others the engine changes nothing they check, and SeaweedFS cost the suite about
+    90 s of CPU (issue 35)."""
     import asyncio
 
     from stam import stack
@@ -60,7 +66,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
     from topology.admin import ensure_topics
 
     home = tmp_path_factory.mktemp("stack")
-    info = stack.up(home)
+    info = stack.up(home, storage="s3" if request.node.get_closest_marker("durable_broker") else "memory")
     settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
                         milvus_uri=info.milvus_uri, partitions=4, web_port=0)
     asyncio.run(ensure_topics(settings))
@@ -69,7 +75,7 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``: ``-n 3 --dist loadfile --no-loadscope-reorder``) a module goes whole to one
+    """Under pytest-xdist (``make test``: ``-n 4 --dist loadfile --no-loadscope-reorder``) a module goes whole to one
     process, in this order: the modules that start a stack, processes or a model first (tests/integration, modules
     marked ``slow``), the quick ones after, to fill the other processes while the last slow one ends. A stable sort:
     the order of the tests inside a module (some build on the one before) stays as written."""

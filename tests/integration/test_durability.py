@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from stam import stack
@@ -29,6 +30,8 @@ from stam.stores.redis_state import RedisStateStore
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process
+
+pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # stores rebuilt from the log on disk
 
 
 def _pid(home: Path, name: str) -> int:

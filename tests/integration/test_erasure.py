@@ -26,7 +26,7 @@ from tests.conftest import BUNDLES, REPO, SMALL_BUNDLE, SMALL_PATIENT, need_data
 from tests.integration.broker import _publish
 from tests.integration.test_query_outages import _http
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # the disk is scanned for the patient's bytes
 
 OTHER_BUNDLES = ["22bbe238-220e-495c-8abc-0ce3aa28a605.json", "ecc5586f-45d1-4fb2-bb4c-3fce1b7b4456.json"]
 QUESTION = "What is the body height?"

@@ -33,7 +33,7 @@ from tests.integration.conftest import _free_port
 from topology import topics as t
 from topology.admin import bootstrap
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # the broker is killed and started again
 HL7 = DATA / "hl7v2-samples"
 
 
