@@ -206,7 +206,8 @@ def render_timeline_page(report: dict[str, Any]) -> str:
     for p in report["patients"]:
         runs = p["runs"]
         first, later = runs[0], runs[1:]
-        window = (f"{fmt(first['shown'])} memories, {fmt(first['threads'])} threads, "
+        rows_drawn = f" in {fmt(first['rows'])} rows" if "rows" in first else ""  # folded by category
+        window = (f"{fmt(first['shown'])} memories, {fmt(first['threads'])} threads{rows_drawn}, "
                   f"{fmt(first['transitions'])} transitions")
         rows.append([p["patient"], p["memories"], window, "first (read from Redis)", round(first["fetch_ms"]),
                      round(first["render_ms"]), round(first["wall_ms_from_click"])])

@@ -186,7 +186,8 @@ def _runs(driver: Any, url: str, patient: str, args: argparse.Namespace, By: Any
         runs.append({**{k2: round(v, 1) for k2, v in timing.items() if k2.endswith("_ms")},
                      "wall_ms_from_click": round(wall, 1), "shown": counts["shown"],
                      "transitions": counts["transitions"],
-                     "threads": driver.execute_script("return window.stam.groups.length")})
+                     "threads": driver.execute_script("return window.stam.state.data.threads.length"),
+                     "rows": driver.execute_script("return window.stam.groups.length")})
         _say(f"{patient} run {k + 1}: {runs[-1]}")
         if k == 0 and args.shots is not None:
             args.shots.mkdir(parents=True, exist_ok=True)

@@ -231,6 +231,43 @@ def test_the_page_draws_one_row_per_thread_and_every_transition(browser: Any, pa
     assert not logs, logs  # no script error, no request the CSP refused
 
 
+def test_many_threads_open_folded_one_row_per_category(browser: Any, page: dict[str, Any], timeline: Timeline,
+                                                       tmp_path: Path) -> None:
+    """Above ``?fold=N`` threads (100 by default; the largest MIMIC-IV demo patient has 272 in its first view) the page
+    opens folded: one row per category holding its threads' memories and transitions. A click on a category's label
+    opens it into its threads; a second folds it again. ``fold=0`` folds the small patient."""
+    from selenium.webdriver.common.by import By
+
+    threads, moved, current = _expected(timeline)
+    view = timeline.view(None)
+    timed = view.present & (np.isfinite(timeline.t_start) | np.isfinite(timeline.t_add))
+    category_of = {int(timeline.thread[i]): timeline.category[i] for i in np.flatnonzero(timed)}
+    cats = set(category_of.values())
+    assert len(cats) > 1 and len(threads) > len(cats)
+    _open(browser, page, page["tokens"]["ward"], "?fold=0")
+    _ready(browser)
+    assert set(browser.execute_script("return window.stam.groups.getIds()")) == {f"c:{c}" for c in cats}
+    items = _page_items(browser)
+    memories = [i for i in items if i["id"].startswith("m")]
+    by_id = {timeline.ids[i]: i for i in range(len(timeline))}
+    assert all(i["group"] == f"c:{timeline.category[by_id[i['memory']]]}" for i in memories)
+    assert {i["memory"] for i in memories if "current" in i["className"].split()} == current
+    assert {i["memory"] for i in items if i["id"].startswith("t")} == moved
+    assert f"in {len(cats)} categories" in browser.find_element(By.ID, "counts").text
+    # Opened: that category's threads get their rows, the others stay folded.
+    browser.find_element(By.CSS_SELECTOR, ".vis-labelset .vis-label.cat-observation").click()
+    _wait(browser, "return window.stam.groups.get('c:observation').className.includes('open')", 10)
+    obs = {t for t, c in category_of.items() if c == "observation"}
+    assert set(browser.execute_script("return window.stam.groups.getIds()")) == \
+        {f"c:{c}" for c in cats} | obs
+    items = _page_items(browser)
+    assert {i["group"] for i in items if i["id"].startswith("m") and i["group"] in obs} == obs
+    _shot(browser, tmp_path, "timeline-folded-one-open")
+    browser.find_element(By.CSS_SELECTOR, ".vis-labelset .vis-label.cat-observation").click()
+    _wait(browser, "return !window.stam.groups.get('c:observation').className.includes('open')", 10)
+    assert set(browser.execute_script("return window.stam.groups.getIds()")) == {f"c:{c}" for c in cats}
+
+
 def _artefact(tmp_path: Path, name: str, value: dict[str, Any]) -> None:
     (tmp_path / name).write_text(json.dumps(value, indent=2))
     if os.environ.get("STAM_ARTEFACTS"):

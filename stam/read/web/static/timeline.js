@@ -10,8 +10,11 @@
   const base = "/patients/" + encodeURIComponent(patient) + "/timeline";
   const items = new vis.DataSet();
   const groups = new vis.DataSet();
+  // More threads than this in view (a patient with years of record): one row per category, each opened on a
+  // click into its threads. Hundreds of rows, not the items, set the time of a first draw (docs/timeline.md).
+  const FOLD_ABOVE = 100;
   const state = { data: null, asOf: null, compare: null, loaded: null, served: new Set(), timeline: null,
-                  timing: null, request: 0 };
+                  timing: null, request: 0, open: new Set(), fold: FOLD_ABOVE };
   window.stam = { items: items, groups: groups, state: state };
 
   function status(text, error) {
@@ -31,6 +34,8 @@
     const q = new URLSearchParams(location.search);
     state.asOf = q.get("as_of") || null;
     state.compare = q.get("compare") || null;
+    const fold = parseInt(q.get("fold"), 10);  // ?fold=N: fold above N threads (0: always; a large N: never)
+    if (!isNaN(fold) && fold >= 0) state.fold = fold;
   }
 
   function writeUrl() {
@@ -57,6 +62,40 @@
     return el;
   }
 
+  function categoryLabel(cat, threads, open) {
+    const el = document.createElement("span");
+    el.appendChild(text(open ? "▾" : "▸", "fold"));
+    el.appendChild(text(cat, "cat"));
+    el.appendChild(text(threads + " thread" + (threads === 1 ? "" : "s")));
+    return el;
+  }
+
+  // The rows: one per thread, or folded (more than state.fold threads, every category shown) one per category
+  // with its threads under it once opened. Returns the groups and the row of each thread.
+  function layout(rows, folded) {
+    const groupsOut = [], rowOf = new Map();
+    const threadRow = (t) => ({ id: t.id, content: groupLabel(t), title: t.label + " (" + t.n + ")" });
+    if (!folded) {
+      for (const t of rows) { groupsOut.push(threadRow(t)); rowOf.set(t.id, t.id); }
+      return { groups: groupsOut, rowOf: rowOf };
+    }
+    const byCat = new Map();
+    for (const t of rows) {
+      if (!byCat.has(t.category)) byCat.set(t.category, []);
+      byCat.get(t.category).push(t);
+    }
+    for (const [cat, mine] of byCat) {
+      const open = state.open.has(cat), id = "c:" + cat;
+      groupsOut.push({ id: id, content: categoryLabel(cat, mine.length, open),
+                       className: "category cat-" + cat.replace(/[^a-z-]/g, "") + (open ? " open" : ""),
+                       title: (open ? "close " : "open ") + cat + ": " + mine.length + " threads" });
+      for (const t of mine) {
+        if (open) { groupsOut.push(threadRow(t)); rowOf.set(t.id, t.id); } else rowOf.set(t.id, id);
+      }
+    }
+    return { groups: groupsOut, rowOf: rowOf };
+  }
+
   function memoryTitle(m) {
     const lines = [m.text, m.category + " · " + (m.current ? "current" : "history" + (m.reason ? " (" + m.reason + ")" : ""))];
     lines.push(m.to ? m.from + " to " + m.to : (m.from || "no time"));
@@ -78,21 +117,24 @@
     const d = state.data;
     const cat = $("category").value;
     const rows = d.threads.filter((t) => !cat || t.category === cat);
-    const shown = new Set(rows.map((t) => t.id));
+    const folded = !cat && rows.length > state.fold;
+    const { groups: rowGroups, rowOf } = layout(rows, folded);
     const out = [];
     for (const m of d.memories) {
-      if (!shown.has(m.thread)) continue;
+      if (!rowOf.has(m.thread)) continue;
       const cls = [m.current ? "current" : "history", "cat-" + m.category.replace(/[^a-z-]/g, "")];
       if (state.served.has(m.id)) cls.push("served");
       if (m.changed) cls.push("changed");
-      const it = { id: "m" + m.i, memory: m.id, group: m.thread, start: m.start, content: text(m.text),
+      const row = rowOf.get(m.thread), inFold = typeof row === "string";
+      if (inFold) cls.push("folded");  // a category's strip: marks without text (the tooltip has it), read when opened
+      const it = { id: "m" + m.i, memory: m.id, group: row, start: m.start, content: text(inFold ? "" : m.text),
                    title: memoryTitle(m), className: cls.join(" "), type: m.end === null ? "point" : "range" };
       if (m.end !== null) it.end = m.end;
       out.push(it);
     }
     for (const t of d.transitions) {
-      if (!shown.has(t.thread)) continue;
-      out.push({ id: "t" + t.i, memory: t.id, group: t.thread, start: t.at, type: "point",
+      if (!rowOf.has(t.thread)) continue;
+      out.push({ id: "t" + t.i, memory: t.id, group: rowOf.get(t.thread), start: t.at, type: "point",
                  content: text("⇢"), title: transitionTitle(t), className: "transition" });  // details in the tooltip
     }
     for (const e of d.encounters) {
@@ -100,12 +142,14 @@
                  title: e.label, className: "encounter" + (e.open ? " open" : "") });
     }
     groups.clear();
-    groups.add(rows.map((t) => ({ id: t.id, content: groupLabel(t), title: t.label + " (" + t.n + ")" })));
+    groups.add(rowGroups);
     items.clear();
     items.add(out);
     const c = d.counts;
+    const cats = new Set(rows.map((t) => t.category)).size;
     $("counts").textContent = c.shown + " of " + c.present + " memories in view (" + c.current + " current), " +
-      rows.length + " threads, " + c.transitions + " transitions" + (d.truncated ? "; the latest only: zoom in" : "") +
+      rows.length + " threads" + (folded ? " in " + cats + " categories (click one to open it)" : "") + ", " +
+      c.transitions + " transitions" + (d.truncated ? "; the latest only: zoom in" : "") +
       (c.untimed ? "; " + c.untimed + " without a time" : "") + (c.changed !== undefined ? "; " + c.changed + " changed since" : "");
   }
 
@@ -148,6 +192,12 @@
     state.timeline = new vis.Timeline($("timeline"), items, groups, opts);
     window.stam.timeline = state.timeline;
     const tl = state.timeline;
+    tl.on("click", (p) => {  // a folded category's row label opens it into its threads, and closes it again
+      if (p.what !== "group-label" || typeof p.group !== "string" || !p.group.startsWith("c:")) return;
+      const cat = p.group.slice(2);
+      if (state.open.has(cat)) state.open.delete(cat); else state.open.add(cat);
+      draw();
+    });
     tl.addCustomTime(new Date(state.asOf || d.clock || Date.now()), "as-of");
     tl.setCustomTimeMarker("as of", "as-of", false);
     tl.on("timechanged", (p) => {
