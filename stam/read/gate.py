@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.query import GateDecision, GateMode
+from stam.config import DEFAULT_GATE_THRESHOLD as DEFAULT_THRESHOLD
 from stam.read.intent import Intent
 
 HISTORY_CUES = (
@@ -41,11 +42,6 @@ HISTORY_CUES = (
 _CUE = re.compile(r"\b(" + "|".join(HISTORY_CUES) + r")\b", re.IGNORECASE)
 # A question that names a date or a year asks about a point in time, which may be past.
 _DATE = re.compile(r"\b(?:1[89]|2[0-2])\d\d(?:-\d\d(?:-\d\d)?)?\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b")
-DEFAULT_THRESHOLD = 0.219
-"""Calibrated with the 0.5B reader (``stam eval gate --mimic ... --split train --synthea ... --limit 120``, lambda 0.2,
-MIMIC-QA train and Synthea together): HISTORY skipped for 33% of questions at 3.0% disagreement (lambda 0.1:
-threshold -0.012, 3% skipped, 0 disagreement). Questions that ask for the past are served HISTORY by their intent
-or cue whatever the margin; nearly all others are ties (every value of a coded concept shares one vector)."""
 TIE_EPSILON = 0.005
 """Margins within this of the threshold are ties, and a tie is not "HISTORY matches better": every value of a
 coded concept shares one vector, so their margins differ by float noise only."""
