@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-_MODULES = ["sentence_transformers.models.Transformer", "sentence_transformers.models.Pooling",
-            "sentence_transformers.models.Normalize"]
+_MODULES = ["Transformer", "Pooling", "Normalize"]
+"""The modules of the shape run here, by class name (sentence-transformers has moved them between packages)."""
 
 
 def _json(path: Path) -> Any:
@@ -27,16 +27,16 @@ def _json(path: Path) -> Any:
 
 
 def load(folder: str | Path) -> MeanPooledBert | None:
-    """The model in ``folder`` when it is a sentence-transformers BERT with mean pooling and normalisation (plain
-    or ``sentence_transformers.``-prefixed module types), else None."""
+    """The model in ``folder`` when it is a sentence-transformers BERT with mean pooling and normalisation, else
+    None."""
     root = Path(folder)
     modules = _json(root / "modules.json")
     config = _json(root / "config.json")
     if not modules or not config or not (root / "model.safetensors").is_file() or not (root / "tokenizer.json").is_file():
         return None
-    types = [m.get("type", "").replace("sentence_transformers.base.modules.", "sentence_transformers.models.")
-             for m in modules]
-    if types != _MODULES or [m.get("path", "") for m in modules][0] != "":
+    types = [m.get("type", "") for m in modules]
+    if (not all(t.startswith("sentence_transformers.") for t in types) or [t.rsplit(".", 1)[-1] for t in types] != _MODULES
+            or modules[0].get("path", "") != ""):
         return None
     pooling = _json(root / modules[1]["path"] / "config.json") or {}
     mean_only = pooling.get("pooling_mode_mean_tokens") and not any(
