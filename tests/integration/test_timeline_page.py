@@ -137,9 +137,20 @@ def _shot(driver: Any, tmp_path: Path, name: str) -> Path:
 
 
 def _wait(driver: Any, script: str, timeout: float = 60) -> Any:
+    from selenium.common.exceptions import TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+    try:
+        return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+    except TimeoutException:  # what the page showed, for the reader of a failed run
+        seen = driver.execute_script("""
+            const s = window.stam && window.stam.state, tl = window.stam && window.stam.timeline;
+            return {state: document.body.dataset.state, status: (document.getElementById('status') || {}).textContent,
+                    url: location.href, as_of: s && s.asOf, request: s && s.request,
+                    data_as_of: s && s.data && s.data.as_of, timing: s && s.timing,
+                    line: tl ? tl.getCustomTime('as-of').toISOString() : null,
+                    window: tl ? [tl.getWindow().start.toISOString(), tl.getWindow().end.toISOString()] : null};""")
+        raise AssertionError(f"waited {timeout:.0f} s for: {script}\nthe page: {seen}") from None
 
 
 def _ready(driver: Any, timeout: float = 60) -> None:
@@ -156,6 +167,22 @@ def _open(driver: Any, page: dict[str, Any], token: str, query: str = "") -> Non
     _wait(driver, "return document.body.dataset.state === 'token'")
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.CSS_SELECTOR, "#token-form button").click()
+
+
+def _grip(driver: Any, line: str) -> tuple[int, int]:
+    """A point (viewport pixels) among the rows where a press lands on the drag strip of the custom-time
+    ``line`` (not the axis: its labels lie over the strip)."""
+    point = driver.execute_script("""
+        const bar = document.querySelector('.vis-custom-time.' + arguments[0]), strip = bar.firstChild;
+        const r = strip.getBoundingClientRect(), x = Math.round(r.left + r.width / 2);
+        const rows = document.querySelector('.vis-panel.vis-center').getBoundingClientRect();  // below the axis
+        const top = Math.max(r.top, rows.top, 0), bottom = Math.min(r.bottom, rows.bottom, window.innerHeight);
+        for (let y = Math.round(top) + 2; y < bottom; y += 4) {
+          if (document.elementFromPoint(x, y) === strip) return [x, y];
+        }
+        return null;""", line)
+    assert point, f"no point of the {line} line is free to grab"
+    return int(point[0]), int(point[1])
 
 
 def _expected(tl: Timeline, at: datetime | None = None) -> tuple[set[int], set[str], set[str]]:
@@ -200,6 +227,10 @@ def test_the_page_draws_one_row_per_thread_and_every_transition(browser: Any, pa
     browser.get_log("browser")
     _open(browser, page, page["tokens"]["ward"])
     _ready(browser)
+    # What is drawn is the window the data was read for (vis-timeline would fit its first draw to the items).
+    shown, loaded = browser.execute_script("""const w = window.stam.timeline.getWindow(), d = window.stam.state.data;
+        return [[w.start.valueOf(), w.end.valueOf()], [d.window.from, d.window.to]];""")
+    assert shown == loaded
     threads, moved, current = _expected(timeline)
     groups = set(browser.execute_script("return window.stam.groups.getIds()"))
     assert groups == threads
@@ -297,11 +328,18 @@ def test_the_as_of_handle_moves_what_is_current(browser: Any, page: dict[str, An
     _open(browser, page, page["tokens"]["ward"])
     _ready(browser)
     # The handle on the time axis, dragged back: the page reads the state at the time it was dropped at.
-    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.actions.action_builder import ActionBuilder
 
     browser.execute_script("window.stam.state.timing = null")
-    handle = browser.find_element(By.CSS_SELECTOR, ".vis-custom-time.as-of")
-    ActionChains(browser).click_and_hold(handle).move_by_offset(-40, 0).move_by_offset(-160, 0).release().perform()
+    # Grabbed among the rows, where nothing lies over the line's drag strip: pressed on an axis label instead, the
+    # drag pans the view (what CI once saw, when the page said ready before its first draw had placed the line).
+    x, y = _grip(browser, "as-of")
+    drag = ActionBuilder(browser)
+    drag.pointer_action.move_to_location(x, y).pointer_down()
+    for dx in (-10, -40, -120, -200):
+        drag.pointer_action.move_to_location(x + dx, y)
+    drag.pointer_action.pointer_up()
+    drag.perform()
     _wait(browser, "return window.stam.state.data && window.stam.state.data.as_of !== null")
     _ready(browser)
     dropped = datetime.fromisoformat(browser.execute_script("return window.stam.state.data.as_of"))

@@ -14,7 +14,7 @@
   // click into its threads. Hundreds of rows, not the items, set the time of a first draw (docs/timeline.md).
   const FOLD_ABOVE = 100;
   const state = { data: null, asOf: null, compare: null, loaded: null, served: new Set(), timeline: null,
-                  timing: null, request: 0, open: new Set(), fold: FOLD_ABOVE };
+                  timing: null, request: 0, open: new Set(), fold: FOLD_ABOVE, drawn: false, afterDraw: null };
   window.stam = { items: items, groups: groups, state: state };
 
   function status(text, error) {
@@ -188,6 +188,12 @@
                  clusterCriteria: (a, b) => !SERVED.test(a.className || "") && !SERVED.test(b.className || "") },
       moment: (date) => vis.moment(date).utc(),
       xss: { disabled: false },
+      // vis-timeline fits its first draw to every item unless given a window: the loaded one, so that the view
+      // stays the window the data was read for.
+      start: d.window.from === null ? undefined : d.window.from,
+      end: d.window.to === null ? undefined : d.window.to,
+      onInitialDrawComplete: () => { state.drawn = true; const then = state.afterDraw; state.afterDraw = null;
+                                     if (then) then(); },
     };
     state.timeline = new vis.Timeline($("timeline"), items, groups, opts);
     window.stam.timeline = state.timeline;
@@ -269,11 +275,18 @@
     const d = await r.json();
     const t1 = performance.now();
     show(d, fit);
-    requestAnimationFrame(() => requestAnimationFrame(() => {
+    whenDrawn(() => {
       const t2 = performance.now();
       state.timing = { fetch_ms: t1 - t0, render_ms: t2 - t1, total_ms: t2 - t0, shown: d.counts.shown };
       document.body.dataset.state = "ready";
-    }));
+    });
+  }
+
+  // Once what show() changed is on the screen: vis-timeline's first draw (its own callback, which can come
+  // after a frame or two on a busy machine), then the next frame of any later one.
+  function whenDrawn(then) {
+    const framed = () => requestAnimationFrame(() => requestAnimationFrame(then));
+    if (state.drawn) framed(); else state.afterDraw = framed;
   }
 
   function show(d, fit) {
@@ -389,10 +402,10 @@
     show(d, true);
     status("static export of version " + d.version + (d.as_of ? " as of " + d.as_of : "") +
            ": no worker behind it, so the as-of line and the question box are off");
-    requestAnimationFrame(() => requestAnimationFrame(() => {
+    whenDrawn(() => {
       state.timing = { render_ms: performance.now() - t0, shown: d.counts.shown };
       document.body.dataset.state = "ready";
-    }));
+    });
   } else {
     readUrl();
     if (token()) load(null, null, true); else askToken();
