@@ -14,7 +14,8 @@
   // click into its threads. Hundreds of rows, not the items, set the time of a first draw (docs/timeline.md).
   const FOLD_ABOVE = 100;
   const state = { data: null, asOf: null, compare: null, loaded: null, served: new Set(), timeline: null,
-                  timing: null, request: 0, open: new Set(), fold: FOLD_ABOVE, drawn: false, afterDraw: null };
+                  timing: null, request: 0, open: new Set(), fold: FOLD_ABOVE, drawn: false, afterDraw: null,
+                  fitted: false };
   window.stam = { items: items, groups: groups, state: state };
 
   function status(text, error) {
@@ -188,12 +189,17 @@
                  clusterCriteria: (a, b) => !SERVED.test(a.className || "") && !SERVED.test(b.className || "") },
       moment: (date) => vis.moment(date).utc(),
       xss: { disabled: false },
-      // vis-timeline fits its first draw to every item unless given a window: the loaded one, so that the view
-      // stays the window the data was read for.
-      start: d.window.from === null ? undefined : d.window.from,
-      end: d.window.to === null ? undefined : d.window.to,
-      onInitialDrawComplete: () => { state.drawn = true; const then = state.afterDraw; state.afterDraw = null;
-                                     if (then) then(); },
+      // vis-timeline fits its first draw to every item (a bar that lasts into the window starts before it): the
+      // window the data was read for is set again once that draw is done. (Given as the start and end options
+      // instead, it kept the timeline hidden until an unrelated redraw, about a second later.)
+      onInitialDrawComplete: () => {
+        const w = state.data.window;
+        if (w.from !== null && state.fitted) state.timeline.setWindow(w.from, w.to, { animation: false });
+        state.drawn = true;
+        const then = state.afterDraw;
+        state.afterDraw = null;
+        if (then) then();
+      },
     };
     state.timeline = new vis.Timeline($("timeline"), items, groups, opts);
     window.stam.timeline = state.timeline;
@@ -297,6 +303,7 @@
     showGaps(d);
     ensureTimeline(d);
     draw();
+    state.fitted = fit;
     if (fit && d.window.from !== null) state.timeline.setWindow(d.window.from, d.window.to, { animation: false });
     state.timeline.setCustomTime(new Date(state.asOf || d.clock || Date.now()), "as-of");
     setCompareLine();
