@@ -6,7 +6,7 @@ records, timeline rows, version and gaps) into the Redis of a fresh embedded sta
 worker serves the page on that stack; Chromium (Selenium, Debian's chromium and chromium-driver) opens
 ``/patients/{id}/timeline`` with a token ``--runs`` times, a fresh tab each time. The page measures itself
 (``window.stam.state.timing``): ``fetch_ms`` from the request for the data to its JSON parsed, ``render_ms`` from
-there to the second animation frame after the timeline drew it. A patient's first run reads it from Redis (the
+there to the second animation frame after vis-timeline's first draw of it. A patient's first run reads it from Redis (the
 timeline rows); the later ones draw the timeline the page kept (``stam.read.page.PageTimelines``).
 
 Patients (``--patient``, repeatable): an id, ``largest`` (the one with the most memories in the store, the
