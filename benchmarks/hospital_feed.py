@@ -143,7 +143,7 @@ def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[sub
         stack.down(home)
 
 
-_BUCKET = re.compile(r'stam_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)')
+_BUCKET = re.compile(r'(stam_stage_seconds|stam_hop_wait_seconds)_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)')
 
 
 def _metrics(port: int) -> str:
@@ -151,23 +151,26 @@ def _metrics(port: int) -> str:
 
 
 def scrape(ports: Sequence[int]) -> dict[str, Any]:
-    """Stage histogram buckets and the stale-redo counter, summed over the workers."""
+    """Stage time and hop wait histogram buckets and the stale-redo counter, summed over the workers."""
     buckets: dict[str, dict[float, float]] = {}
+    waits: dict[str, dict[float, float]] = {}
     redo = 0.0
     for port in ports:
         text = _metrics(port)
         for m in _BUCKET.finditer(text):
-            stage = buckets.setdefault(m.group(2), {})
-            stage[float(m.group(1))] = stage.get(float(m.group(1)), 0.0) + float(m.group(3))
+            family = buckets if m.group(1) == "stam_stage_seconds" else waits
+            stage = family.setdefault(m.group(3), {})
+            stage[float(m.group(2))] = stage.get(float(m.group(2)), 0.0) + float(m.group(4))
         found = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
         redo += float(found.group(1)) if found else 0.0
-    return {"buckets": buckets, "stale_redo": redo}
+    return {"buckets": buckets, "waits": waits, "stale_redo": redo}
 
 
-def stage_quantiles(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+def stage_quantiles(before: dict[str, Any], after: dict[str, Any], family: str = "buckets") -> dict[str, Any]:
+    """p50/p99 per stage of the run (``after`` less ``before``): stage time (``buckets``) or hop wait (``waits``)."""
     out: dict[str, Any] = {}
-    for stage, b in after["buckets"].items():
-        prior = before["buckets"].get(stage, {})
+    for stage, b in after[family].items():
+        prior = before[family].get(stage, {})
         cum = sorted((le, c - prior.get(le, 0.0)) for le, c in b.items())
         p50, p99 = _hist_quantile(cum, 0.5), _hist_quantile(cum, 0.99)
         out[stage] = {"p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
@@ -187,9 +190,11 @@ async def _follow(settings: Any, want: set[str], state: dict[str, Any],
     from topology.admin import kafka_client_kwargs
 
     sealer = sealer_for(settings)
+    # A short fetch wait: the embedded broker answers an empty fetch only when the wait ends (topology/fetching.py),
+    # and aiokafka's default (500 ms) would add about half of it to every latency measured here.
     consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
                                 **kafka_client_kwargs(settings), auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+                                enable_auto_commit=False, group_id=None, fetch_max_wait_ms=10)
     await consumer.start()
     done: dict[str, float] = state["done"]
     last_move = time.monotonic()
@@ -338,6 +343,7 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         updated = stages.get("update", {}).get("n", 0)
         redo = after["stale_redo"] - before["stale_redo"]
         return {"workers": workers, "warmup": warmup, **result, "stages": stages,
+                "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
                 "worker_peak_rss_mb": [_vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
 

@@ -10,6 +10,14 @@ STAGE_SECONDS = Histogram(
     buckets=(0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
              0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0),  # the tail: model calls on a CPU
 )
+HOP_WAIT_SECONDS = Histogram(
+    "stam_hop_wait_seconds",
+    "From a message's produce (its Kafka timestamp) to its stage starting on it: the producer's linger, the "
+    "broker, the consumer's fetch wait, the stream's buffer and the batch window (clocks of two hosts when the "
+    "producer runs elsewhere)", ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
+             30.0, 60.0, 300.0),
+)
 FREE_TEXT = Counter("stam_free_text_entries_total",
                     "Entries carrying free text, by handling: 'decomposed' by the language model, or kept "
                     "'verbatim' as one note memory because no model is configured", ["handling"])

@@ -11,6 +11,7 @@ from stam.config import Settings
 from stam.transport import faust_broker_kwargs
 from topology import topics as t
 from topology.batching import Stream
+from topology.fetching import App
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,9 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
     ``web_bind`` (default 0.0.0.0) and merely advertises ``web_host``, so both are set."""
     port = settings.web_port if web_port is None else web_port
     host = settings.web_host if web_host is None else web_host
-    app = faust.App(
+    app = App(
         app_id or settings.app_id,
+        fetch_wait_ms=settings.consumer_fetch_wait_ms,
         broker=settings.broker_url,
         **faust_broker_kwargs(settings),
         store="memory://",

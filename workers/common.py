@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
@@ -39,7 +40,7 @@ from pymilvus.exceptions import MilvusException
 from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.crypto import Sealer
 from stam.errors import Erased, MessageFault, MessageTooLarge, Transient
-from stam.metrics import MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
+from stam.metrics import HOP_WAIT_SECONDS, MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
 from stam.stages import Deps
 from workers.runtime import Runtime
 
@@ -122,6 +123,16 @@ def _parse(model: type[In], event: faust.EventT[Any], value: bytes) -> In:
     return model.model_validate_json(value)
 
 
+def waited_for(stage: str, events: Sequence[faust.EventT[Any]]) -> None:
+    """``stam_hop_wait_seconds``: each message's wait from its produce to this stage starting on it."""
+    now = time.time()
+    hop = HOP_WAIT_SECONDS.labels(stage=stage)
+    for event in events:
+        produced = event.message.timestamp  # seconds (Faust's Message; the record's CreateTime)
+        if produced:
+            hop.observe(max(0.0, now - produced))
+
+
 async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: type[In],
                     fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
                     on_result: Callable[[faust.EventT[Any], Out], Awaitable[None]],
@@ -138,6 +149,7 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
     message limit) dead-letters its message and the next result goes on. ``stam_stage_seconds`` records the
     batch time divided by its size.
     """
+    waited_for(stage, events)
     parsed: list[tuple[faust.EventT[Any], In]] = []
     opened: dict[int, bytes] = {}  # id(event) -> its plaintext, which a dead letter keeps (sealed again)
     sealer = runtime.sealer

@@ -41,6 +41,10 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
          [("{{stage}} {{outcome}}", f"sum by (stage, outcome) (rate(stam_messages_total[{RATE}]))")]),
         ("Stage latency p50/p99", "s", "Time in the stage function per message",
          _quantiles("stam_stage_seconds", "stage")),
+        ("Hop wait p50/p99", "s", "From a message's produce to its stage starting on it: the broker, the "
+         "consumer's fetch wait and the batch window (stage latency plus hop wait, summed over the stages, is the "
+         "write path's latency budget)",
+         _quantiles("stam_hop_wait_seconds", "stage")),
         ("Transitions by kind and reason", "ops", "State transitions applied by the update stage",
          [("{{kind}} {{reason}}", f"sum by (kind, reason) (rate(stam_transitions_total[{RATE}]))")]),
         ("Dead letters by stage and error type", "short", "Messages sent to the dead-letter topic in 5 minutes "

