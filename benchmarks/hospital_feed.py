@@ -330,7 +330,7 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         warmup = {"entries": len(warm), "applied": warmed["applied"], "seconds": round(time.monotonic() - t0, 1),
                   "vocabulary_shared": len(vocabulary.texts) if vocabulary else 0}
         if vocabulary is not None:
-            from stam.compose import redis_client
+            from stam.transport import redis_client
 
             vocabulary.share(redis_client(settings), settings.collection_prefix)
         before = scrape(ports)

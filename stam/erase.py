@@ -243,7 +243,7 @@ def _lines_naming(path: Path, quoted: bytes) -> int:
 
 def plan(settings: Settings, patient_id: str, *, client: redis.Redis | None = None) -> dict[str, Any]:
     """What an erasure would remove, counted per store (``--dry-run``)."""
-    from stam.compose import redis_client
+    from stam.transport import redis_client
 
     client = client or redis_client(settings)
     prefix = settings.collection_prefix
@@ -517,7 +517,7 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
     (every VARCHAR field of every collection, and the bytes and string columns of every file of its data dir),
     every topic from offset 0, and the bytes of every file under STAM_HOME. Residuals per place; 0 everywhere
     (and nothing not covered) is verified. Locations name the patient as ``<patient>``."""
-    from stam.compose import redis_client
+    from stam.transport import redis_client
 
     client = client or redis_client(settings)
     from stam.stores import redis_state
@@ -857,7 +857,7 @@ def erase(settings: Settings, patient_id: str, *, request_id: str | None = None,
     "published": bool, "samples": [...]}`` (``scan`` and ``samples`` name the patient's data only by count and
     location; the receipt holds nothing of the patient)."""
     from schemas import ErasureReceipt, ErasureVerification
-    from stam.compose import redis_client
+    from stam.transport import redis_client
 
     client = client or redis_client(settings)
     prefix = settings.collection_prefix

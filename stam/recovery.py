@@ -35,6 +35,7 @@ import orjson
 from schemas import TransitionEvent
 from stam.config import Settings
 from stam.metrics import RECOVERED_PATIENTS, RECOVERIES, UNREADABLE
+from stam.stage_thread import STAGE_THREAD
 from topology import topics as t
 from topology.admin import kafka_client_kwargs, read_to_end
 
@@ -287,8 +288,6 @@ class Durability:
 
     async def ready(self) -> None:
         """Run the start-up check once; every caller waits for it."""
-        from workers.common import STAGE_THREAD
-
         if self._checked is None:
             self._checked = asyncio.ensure_future(
                 asyncio.get_running_loop().run_in_executor(STAGE_THREAD, self.check_blocking))
@@ -296,8 +295,6 @@ class Durability:
 
     async def before_commit(self, send_checkpoint: Any) -> None:
         """Wait out the store's fsync window, then checkpoint its marks (only when they moved)."""
-        from workers.common import STAGE_THREAD
-
         if self._checked is None or not self._checked.done():
             return  # nothing applied yet
         window = self.fsync_window_s or 0.0

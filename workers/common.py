@@ -24,7 +24,6 @@ import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from enum import StrEnum
 from time import perf_counter
 from typing import Any, TypeVar
@@ -41,6 +40,7 @@ from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.crypto import Sealer
 from stam.errors import Erased, MessageFault, MessageTooLarge, Transient
 from stam.metrics import HOP_WAIT_SECONDS, MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
+from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps
 from workers.runtime import Runtime
 
@@ -107,9 +107,6 @@ def _milvus(exc: MilvusException) -> Fault:
     if isinstance(code, int) and code in _MILVUS_INPUT_CODES:
         return Fault.MESSAGE
     return Fault.BUG
-
-
-STAGE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-stage")
 
 
 def raw_value(event: faust.EventT[Any]) -> bytes:

@@ -19,9 +19,10 @@ from stam.errors import UnknownStage
 from stam.logs import faust_worker
 from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
+from stam.stage_thread import STAGE_THREAD
 from topology.app import create_app
 from workers import extract, impact, link, update
-from workers.common import STAGE_THREAD, Fault, classify
+from workers.common import Fault, classify
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime

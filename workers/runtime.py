@@ -18,6 +18,7 @@ from stam.crypto import Sealer, sealer_for
 from stam.deadletter import bounded_key, bounded_value
 from stam.metrics import DEAD_LETTERS
 from stam.recovery import Durability
+from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps
 from topology.app import Topics
 
@@ -90,8 +91,6 @@ class Runtime:
 
     async def off_loop(self, what: str, fn: Any) -> Any:
         """Run ``fn`` on the stage thread, retrying while Redis is unreachable (never skipped)."""
-        from workers.common import STAGE_THREAD  # here: workers.common imports this module
-
         delay = 0.5
         while True:
             try:

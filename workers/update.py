@@ -20,8 +20,9 @@ import faust
 from schemas import DeletionOrder, ImpactedEntry
 from stam.errors import MessageTooLarge, StateRolledBack
 from stam.metrics import ARCHIVE_REFUSED, BACKGROUND_FAILURES, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
+from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps, UpdateResult, decode_outbox, delete_batch, update_batch
-from workers.common import OUTPUT_LIMIT, STAGE_THREAD, TRANSIENT, run_batch, seal, send_bytes
+from workers.common import OUTPUT_LIMIT, TRANSIENT, run_batch, seal, send_bytes
 from workers.runtime import Runtime
 
 log = logging.getLogger("stam.workers")

@@ -20,9 +20,9 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
     from stam import deadletters as dl
-    from stam.compose import redis_client
     from stam.errors import DeadLetterError
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)

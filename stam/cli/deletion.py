@@ -134,10 +134,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
     from stam.cli.common import load_settings
-    from stam.compose import redis_client
     from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
     from stam.embedding import Embedder
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     settings = load_settings(needs=("redis",) if args.dry_run else ("redis", "broker"))
     for name in ("pymilvus", "pymilvus.milvus_client"):

@@ -102,9 +102,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
         print("5/7 the patient's memory now:\n")
-        from stam.compose import redis_client
         from stam.export import render_text
         from stam.stores.redis_state import RedisStateStore
+        from stam.transport import redis_client
 
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
         print(render_text(state, limit=args.limit))
@@ -157,8 +157,8 @@ def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
     asyncio.run(publish())
     counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
                                               timeout=timeout, show=False, show_entries=discharges))
-    from stam.compose import redis_client
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(DEMO_ADMISSION)
     reasons = Counter(m.reason.value for m in state.memories.values() if m.reason is not None)

@@ -46,8 +46,8 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def _refuse_erased(settings: Settings, patient_id: str) -> bool:
     """An erased patient is never rebuilt from the transition log (the erasure register, or a shredded key)."""
-    from stam.compose import redis_client
     from stam.erase import is_erased
+    from stam.transport import redis_client
 
     if is_erased(settings, redis_client(settings), patient_id):
         print("this patient was erased (see its receipt on the audit topic); rebuild refuses", file=sys.stderr)

@@ -93,12 +93,12 @@ async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
 
     from aiohttp import web
 
-    from stam.compose import redis_client
     from stam.crypto import sealer_for
     from stam.fhir.notifier import Notifier, base_url
     from stam.fhir.server import make_app
     from stam.fhir.store import SubscriptionStore
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
     from workers.ops import Readiness
 
     client = redis_client(settings)

@@ -20,10 +20,10 @@ def cmd_state(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))  # first: no stack, no imports of the stores
 
-    from stam.compose import redis_client
     from stam.deadletters import gap_line
     from stam.export import export_state, render_text
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     state = states.load(args.patient)
@@ -60,9 +60,9 @@ def cmd_state_html(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))
 
-    from stam.compose import redis_client
     from stam.deadletters import gap_line
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
     tl = page.load_timeline(states, args.patient)

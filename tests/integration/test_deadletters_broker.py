@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaProducer
 
 from schemas import DeadLetter
 from stam.cli import main as stam
-from stam.compose import redis_client
 from stam.deadletters import gap_of, letter_id
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish
 from topology import topics as t

@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 
 from schemas import Store, TransitionKind
-from stam.compose import local_deps, redis_client
+from stam.compose import local_deps
 from stam.deletion.gate import Gate
 from stam.deletion.sweep import scan
 from stam.embedding import Embedder
 from stam.read.asof import read_patient_transitions
 from stam.stages import process_entry
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process

@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from stam import stack
-from stam.compose import redis_client
 from stam.rebuild import replay
 from stam.recovery import read_checkpoint, read_log
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _publish
 from tests.integration.conftest import _free_port, _stam_process

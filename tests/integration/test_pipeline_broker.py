@@ -15,8 +15,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import Reason, Store
-from stam.compose import redis_client
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _collect, _dead_letters, _publish, opened
 from topology import topics as t

@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from benchmarks.hostile import expected, hostile_files, hostile_inputs, hostile_key
 from schemas import RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES
-from stam.compose import redis_client
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import redis_client
 from tests.conftest import SMALL_BUNDLE, SMALL_PATIENT
 from tests.integration.broker import opened
 from tests.integration.conftest import _stam_process

