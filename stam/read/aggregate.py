@@ -27,7 +27,7 @@ import numpy as np
 from schemas import Reason
 from stam.read.encounters import Encounters, Stay
 from stam.read.intent import Intent
-from stam.read.select import Fact, Pick, Selection, ThreadIndex
+from stam.read.select import Fact, Pick, Selection, ThreadIndex, select_threads
 from stam.read.timeline import Timeline, View, from_epoch
 
 SEX_CODES = frozenset({"76689-9", "46098-0"})
@@ -66,6 +66,19 @@ def picks_of(tl: Timeline, members: Iterable[int], role: str) -> list[Pick]:
         picks.append(Pick(thread=th, score=0.0, members=ordered, roles=dict.fromkeys(ordered, role)))
     picks.sort(key=lambda p: (-max(tl.t_start[i] for i in p.members), p.thread))
     return picks
+
+
+def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, question: str, intent: Intent, *,
+           serve_history: bool, k_threads: int, k_history: int, joint: bool = True,
+           stay: Stay | None = None) -> Selection:
+    """What a question is answered from: for a question about the encounter or the record (age, admission,
+    discharge, a category over the stay), :func:`record_selection`; else the threads it names
+    (:func:`stam.read.select.select_threads`). ``stay``: the encounter current at the question's time."""
+    record = record_selection(tl, idx, view, intent, stay, idx.encounters)
+    if record is not None:
+        return record
+    return select_threads(tl, idx, view, scores, question, intent, serve_history=serve_history,
+                          k_threads=k_threads, k_history=k_history, joint=joint, stay=stay)
 
 
 def record_selection(tl: Timeline, idx: ThreadIndex, view: View, intent: Intent, stay: Stay | None,

@@ -239,15 +239,12 @@ def _match(q: frozenset[str], names: Sequence[Name]) -> tuple[float, frozenset[s
     return cov, full, core
 
 
-def select(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, question: str, intent: Intent, *,
-           serve_history: bool, k_threads: int, k_history: int, joint: bool = True,
-           stay: Stay | None = None) -> Selection:
-    """``stay``: the encounter current at the question's time (``intent`` already resolved against it)."""
-    from stam.read.aggregate import record_selection  # it builds on this module's picks and facts
-
-    record = record_selection(tl, idx, view, intent, stay, idx.encounters)
-    if record is not None:
-        return record
+def select_threads(tl: Timeline, idx: ThreadIndex, view: View, scores: np.ndarray, question: str, intent: Intent,
+                   *, serve_history: bool, k_threads: int, k_history: int, joint: bool = True,
+                   stay: Stay | None = None) -> Selection:
+    """The threads a question names and the facts computed over them (a question about the encounter or the
+    record as a whole is :func:`stam.read.aggregate.select`'s). ``stay``: the encounter current at the question's
+    time (``intent`` already resolved against it)."""
     if intent.kind == "active":
         serve_history = True  # whether X is current is answered by what ended it when nothing current is left
     present = view.present

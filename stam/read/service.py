@@ -51,6 +51,7 @@ from stam.cache import VersionedCache
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
 from stam.errors import IsolationBreach, QueryError, UnsupportedQuery
+from stam.read.aggregate import select
 from stam.read.asof import state_at_version
 from stam.read.encounters import Stay, resolve
 from stam.read.failures import classify, failed_answer
@@ -58,7 +59,7 @@ from stam.read.gate import StoreGate
 from stam.read.intent import Intent, parse
 from stam.read.reader import Reader
 from stam.read.render import header, render_block, render_packet
-from stam.read.select import Pick, ThreadIndex, select
+from stam.read.select import Pick, ThreadIndex
 from stam.read.timeline import Timeline, View, collector_paused, from_epoch
 from stam.read.tokens import Tokenizer
 from stam.stores.base import StateStore, VectorStore

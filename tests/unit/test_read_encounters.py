@@ -16,8 +16,9 @@ import pytest
 
 from schemas import AtomicMemory, Category, Coding, Lifecycle, Reason, Store, StoredMemory
 from schemas.query import EvidenceItem
+from stam.read.aggregate import select
 from stam.read.render import render_block
-from stam.read.select import Selection, ThreadIndex, select
+from stam.read.select import Selection, ThreadIndex
 from stam.read.service import read_plan
 from stam.read.timeline import Timeline
 
