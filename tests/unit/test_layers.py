@@ -1,0 +1,143 @@
+"""The layers of the code, held: no import circle, and no module importing a layer above its own beyond the known
+exceptions listed here, each with its reason (issue 39). Every import counts, deferred ones included (a deferred
+import hides a dependency, it does not remove it). The exceptions only shrink: one that no longer happens fails
+too, so that fixing an arrow also removes it from the list."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+from tests.conftest import REPO
+
+ROOTS = ("schemas", "stam", "topology", "workers")
+
+# Bottom to top. A component is a top-level package (schemas, topology, workers) or a module/package directly
+# under stam. The lab (stam.eval, stam.training) sits beside the product above its composition root: it may use
+# the product, the product must not use it.
+LAYERS: list[set[str]] = [
+    {"schemas"},
+    {"stam.config", "stam.errors", "stam.ids", "stam.cache", "stam.state", "stam.integrity", "stam.deadletter",
+     "stam.stage_thread", "stam.metrics", "stam.logs", "stam.stack", "stam.lifecycle", "stam.export"},
+    {"stam.transport", "stam.crypto", "stam.stores", "stam.embedding", "stam.encoder", "stam.llm", "topology"},
+    {"stam.sources", "stam.reasoning", "stam.deadletters", "stam.fhir", "stam.deletion"},
+    {"stam.stages", "stam.rebuild"},
+    {"stam.read", "stam.publish", "stam.mllp", "stam.erase", "stam.recovery", "stam.serving", "stam.ops"},
+    {"stam.compose"},
+    {"stam.eval", "stam.training"},
+    {"workers", "stam.cli"},
+]
+
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    ("stam.erase", "stam.compose"): "the erasure's Milvus scan builds the deployment's dependencies",
+    ("stam.reasoning", "stam.training"): "the model reasoner records its traces in the training format",
+    ("stam.serving", "stam.training"): "the server converts and makes LoRA adapters with the training code",
+    ("stam.compose", "stam.training"): "the composition root opens the trace writer when traces are asked for",
+}
+
+
+def _component(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "stam" and len(parts) > 1 else parts[0]
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for root in ROOTS:
+        for path in (REPO / root).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+@cache
+def _imports() -> dict[str, set[str]]:
+    """Module -> the project modules it imports (a ``from package import name`` of a submodule counts it)."""
+    modules = _modules()
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            edges[name].update(t for t in targets if t in modules and t != name)
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(edges):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(edges[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on.add(child)
+                    work.append((child, iter(sorted(edges.get(child, ())))))
+                elif child in on:
+                    low[v] = min(low[v], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    found.append(sorted(comp))
+    return found
+
+
+def test_no_import_circle() -> None:
+    assert _circles(_imports()) == []
+
+
+def test_the_circle_check_finds_one() -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_component_has_a_layer() -> None:
+    rank = {c for layer in LAYERS for c in layer}
+    assert {_component(m) for m in _modules()} - {"stam"} <= rank
+
+
+def test_no_module_imports_a_layer_above_its_own() -> None:
+    rank = {c: i for i, layer in enumerate(LAYERS) for c in layer}
+    upward: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for module, targets in _imports().items():
+        a = _component(module)
+        for target in targets:
+            b = _component(target)
+            if a != b and b != "stam" and rank[b] > rank[a]:
+                upward[(a, b)].append(f"{module} -> {target}")
+    unknown = {k: v for k, v in upward.items() if k not in KNOWN_UPWARD}
+    assert unknown == {}, "imports of a higher layer (move the code, or the import, down)"
+    gone = set(KNOWN_UPWARD) - set(upward)
+    assert gone == set(), "no longer imported: remove these from KNOWN_UPWARD"
