@@ -148,11 +148,11 @@ def run(args: argparse.Namespace) -> int:
     from stam.llm.client import LLMClient
     from stam.reasoning import prompts
     from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.traces import read_traces
     from stam.serving.app import run as serve_app
     from stam.serving.config import ServingConfig
     from stam.serving.options import local_engine, parse_loras
     from stam.sources.fhir_ndjson import load_ndjson
-    from stam.training.traces import read_traces
 
     chosen, seen = held_out_notes(args.traces, args.notes, args.per_patient, args.seed)
     assert not set(chosen) & seen, "a held-out note of a patient the traces come from"

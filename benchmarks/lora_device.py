@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from stam.eval.provenance import stamp
+from stam.reasoning.traces import read_traces
 from stam.training.lora import Recipe, train
-from stam.training.traces import read_traces
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 

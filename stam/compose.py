@@ -62,7 +62,7 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
                  settings.llm_model)
     trace = None
     if settings.llm_trace_path is not None:
-        from stam.training.traces import TraceWriter
+        from stam.reasoning.traces import TraceWriter
 
         trace = TraceWriter(settings.llm_trace_path)
         if announce:

@@ -24,7 +24,7 @@ at a time to isolate a fault does not pay for its model calls twice.
 
 Each kind of call can go to its own model name (``models``: a LoRA adapter the endpoint serves by name,
 ``stam serve --lora extract=... --lora update=...``), and every validated call can be recorded as a teacher
-trace (``trace``, :mod:`stam.training.traces`).
+trace (``trace``, :mod:`stam.reasoning.traces`).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ from stam.llm.client import LLMClient, Usage
 from stam.reasoning import prompts
 from stam.reasoning.base import Candidate
 from stam.reasoning.coded import terminal_reason, verbatim_memory
+from stam.reasoning.traces import MODULE_OF, Trace
 from stam.state import PatientState
-from stam.training.traces import MODULE_OF, Trace
 
 T = TypeVar("T", bound=BaseModel)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from stam.errors import TrainingError
+from stam.reasoning.traces import MODULE_OF, Trace, read_traces
 from stam.training.adapters import META, TARGET_MODULES
-from stam.training.traces import MODULE_OF, Trace, read_traces
 
 IGNORE = -100
 MODULES = sorted(set(MODULE_OF.values()))

