@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from schemas import AtomicMemory
 from stam.cache import LRU
 from stam.ids import digest
 
@@ -140,3 +141,19 @@ class Embedder:
         if not out:
             return np.zeros((0, self.dim), dtype=np.float32)
         return np.vstack([v for v in out if v is not None])
+
+
+def memory_vectors(memories: Sequence[AtomicMemory], embedder: Embedder) -> np.ndarray:
+    """Embeddings of memories, one row each: coded concepts through the embedder's concept caches (the shared
+    one included), free text locally only (patient text never enters a cache shared across patients)."""
+    if not memories:
+        return np.zeros((0, embedder.dim), dtype=np.float32)
+    concept = [i for i, m in enumerate(memories) if m.concept is not None and m.embed_text]
+    coded = set(concept)
+    other = [i for i in range(len(memories)) if i not in coded]
+    out = np.zeros((len(memories), embedder.dim), dtype=np.float32)
+    if concept:
+        out[concept] = embedder.embed_concepts([memories[i].embed_text or "" for i in concept])
+    if other:
+        out[other] = embedder.embed([memories[i].embed_text or memories[i].text for i in other])
+    return out

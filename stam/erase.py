@@ -52,6 +52,8 @@ from typing import Any
 import redis
 
 from stam.config import Settings
+from stam.embedding import Embedder, memory_vectors
+from stam.stores.redis_cache import RedisVectorCache
 
 log = logging.getLogger("stam.erase")
 
@@ -694,7 +696,7 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
     vectors = {r[pk]: r for r in kept}
     states = RedisStateStore(client, prefix=settings.collection_prefix)
     fixed = 0
-    deps = None
+    embedder = None
     for p in changed:
         state = states.load(p)
         have = {r[pk]: r.get("store") for r in mc.query(name, filter=_patient_expr(p), output_fields=[pk, "store"])}
@@ -705,11 +707,9 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
         unknown = [s for s in wrong if s.memory.memory_id not in vectors]
         rows = [{**vectors[s.memory.memory_id], "store": s.store.value} for s in known]
         if unknown:
-            from stam.compose import build_deps
-            from stam.stages import _vectors
-
-            deps = deps or build_deps(settings)
-            for s, v in zip(unknown, _vectors([s.memory for s in unknown], deps), strict=True):
+            embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
+                                            shared=RedisVectorCache(client, prefix=settings.collection_prefix))
+            for s, v in zip(unknown, memory_vectors([s.memory for s in unknown], embedder), strict=True):
                 rows.append({pk: s.memory.memory_id, "patient_id": p, "store": s.store.value, "vector": v.tolist()})
         mc.upsert(name, rows)
         fixed += len(rows)

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from schemas import LIFECYCLE_REASONS, Store, TransitionEvent, TransitionKind
-from stam.stages import Deps, _vectors
+from stam.embedding import memory_vectors
+from stam.stages import Deps
 from stam.state import PatientState
 from stam.stores.base import Commit, VectorRow
 
@@ -55,7 +56,7 @@ def rebuild(patient_id: str, events: Iterable[TransitionEvent], deps: Deps) -> P
     """Replay a patient's log into the stores (which must not hold this patient yet)."""
     state = replay(patient_id, events)
     stored = list(state.memories.values())
-    vectors = _vectors([s.memory for s in stored], deps)
+    vectors = memory_vectors([s.memory for s in stored], deps.embedder)
     deps.vectors.place(patient_id, [VectorRow(s.memory.memory_id, v, s.store) for s, v in
                                     zip(stored, vectors, strict=True)])
     deps.states.commit_many([Commit(patient_id=patient_id, expected_version=0, state=state, changed=stored,

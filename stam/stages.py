@@ -38,7 +38,7 @@ from schemas import (
     TransitionKind,
 )
 from stam import lifecycle
-from stam.embedding import Embedder
+from stam.embedding import Embedder, memory_vectors
 from stam.errors import ConcurrentUpdate, EntryIdCollision, ReasoningError
 from stam.ids import transition_id
 from stam.integrity import archive_refusal, stamp
@@ -120,21 +120,6 @@ class UpdateResult:
     state_version: int
     duplicate: bool = False
     redone: bool = False
-
-
-def _vectors(memories: Sequence[AtomicMemory], deps: Deps) -> np.ndarray:
-    """Embeddings of memories: coded concepts through the shared concept cache, free text locally only
-    (patient text never enters a cache shared across patients)."""
-    if not memories:
-        return np.zeros((0, deps.embedder.dim), dtype=np.float32)
-    concept = [i for i, m in enumerate(memories) if m.concept is not None and m.embed_text]
-    other = [i for i in range(len(memories)) if i not in set(concept)]
-    out = np.zeros((len(memories), deps.embedder.dim), dtype=np.float32)
-    if concept:
-        out[concept] = deps.embedder.embed_concepts([memories[i].embed_text or "" for i in concept])
-    if other:
-        out[other] = deps.embedder.embed([memories[i].embed_text or memories[i].text for i in other])
-    return out
 
 
 # --- extract ---------------------------------------------------------------------------------------
@@ -228,7 +213,7 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
     channels = deps.params.impact_channels
     explicit = ([r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
                 if Channel.CODE in channels else [])
-    vectors = _vectors(memories, deps)
+    vectors = memory_vectors(memories, deps.embedder)
     semantic = _semantic(memories, vectors, state, deps)
     known = state.memories
     new_ids = {m.memory_id for m in memories}
@@ -286,7 +271,7 @@ def _impact(memories: Sequence[AtomicMemory], relations: Sequence[Relation], sta
 def impact_batch(items: Sequence[LinkedEntry], deps: Deps) -> list[ImpactedEntry]:
     """:func:`impact_stage` for each item; the batch's new texts are embedded in one model call and
     every patient's state version is read in one round trip."""
-    _vectors([m for x in items for m in x.memories], deps)
+    memory_vectors([m for x in items for m in x.memories], deps.embedder)
     with deps.states.pinned_versions({x.entry.patient_id for x in items}):
         return [impact_stage(x, deps) for x in items]
 
@@ -375,7 +360,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             candidates = _impact(x.memories, relations, state, deps, x.entry)
         events, changed = _apply(x, relations, candidates, state, deps)
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
-            changed, _vectors([c.memory for c in changed.values()], deps), strict=True)]
+            changed, memory_vectors([c.memory for c in changed.values()], deps.embedder), strict=True)]
         deps.vectors.committed(pid, state.version - 1, state.version, rows)
         w.changed.update(changed)
         w.rows.update((r.memory_id, r) for r in rows)

@@ -357,12 +357,12 @@ def _chunk_vectors(embedder: Any, texts: list[str], path: Path | None) -> np.nda
 
 
 def _append_only_memories(run: Replayed, pid: str, embedder: Any) -> _Memories:
+    from stam.embedding import memory_vectors
     from stam.read.asof import evidence_time
-    from stam.stages import _vectors
 
     mems = [e.memory for e in run.events[pid] if e.memory is not None]
     times = np.array([(t.timestamp() if (t := evidence_time(m, False)) else -np.inf) for m in mems])
-    vecs = _vectors(mems, run.deps) if mems else np.zeros((0, embedder.dim), dtype=np.float32)
+    vecs = memory_vectors(mems, run.deps.embedder) if mems else np.zeros((0, embedder.dim), dtype=np.float32)
     return _Memories(mems, times, vecs)
 
 

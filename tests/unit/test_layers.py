@@ -31,7 +31,6 @@ LAYERS: list[set[str]] = [
 ]
 
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("stam.erase", "stam.compose"): "the erasure's Milvus scan builds the deployment's dependencies",
     ("stam.serving", "stam.training"): "the server converts and makes LoRA adapters with the training code",
 }
 
