@@ -42,7 +42,7 @@ def measure(pids: dict[str, int], seconds: float) -> dict[str, Any]:
 
 def _warm_up(settings: Any) -> float:
     """One entry through the worker (the group joined, the model loaded, the stores opened); seconds it took."""
-    from stam.cli import _consume_transitions
+    from stam.cli import consume_transitions
     from stam.publish import Publisher, PublishSummary
     from stam.sources.fhir_r4 import load_bundle
 
@@ -55,7 +55,7 @@ def _warm_up(settings: Any) -> float:
 
     started = time.monotonic()
     asyncio.run(publish())
-    done = asyncio.run(_consume_transitions(settings, until_entries={entry.entry_id}, timeout=300, show=False))
+    done = asyncio.run(consume_transitions(settings, until_entries={entry.entry_id}, timeout=300, show=False))
     if not done["entries_done"]:
         raise SystemExit("the warm-up entry was not applied within 300 s; see the worker's log")
     return time.monotonic() - started

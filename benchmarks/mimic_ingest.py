@@ -45,7 +45,7 @@ def main() -> None:
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
 
-    from stam.cli import _consume_transitions
+    from stam.cli import consume_transitions
     from stam.export import export_state
     from stam.publish import publish_paths
     from stam.sources.mimic import iter_mimic, poe_check
@@ -62,7 +62,7 @@ def main() -> None:
         started = time.monotonic()
         summary = asyncio.run(publish_paths(settings, [MIMIC], subjects=subjects, tables=tables))
         published = time.monotonic() - started
-        counts = asyncio.run(_consume_transitions(settings, until_entries=ids, timeout=args.timeout, show=False))
+        counts = asyncio.run(consume_transitions(settings, until_entries=ids, timeout=args.timeout, show=False))
         elapsed = time.monotonic() - started
         scraped = _scrape(metrics_port)
         spent = cpu.report(counts["entries_done"])

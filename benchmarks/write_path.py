@@ -221,7 +221,7 @@ def stack_with_worker(home: Path) -> Iterator[StackWorker]:
 
 
 def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]:
-    from stam.cli import _consume_transitions
+    from stam.cli import consume_transitions
     from stam.publish import Publisher, PublishSummary
 
     with stack_with_worker(home) as sw:
@@ -234,7 +234,7 @@ def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]
                 await pub.send_entries(items, PublishSummary())
 
         asyncio.run(publish([warm]))
-        warmed = asyncio.run(_consume_transitions(settings, until_entries={"warmup"}, timeout=300, show=False))
+        warmed = asyncio.run(consume_transitions(settings, until_entries={"warmup"}, timeout=300, show=False))
 
         seen_transitions = warmed["transitions"]
 
@@ -243,7 +243,7 @@ def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]
             started = time.monotonic()
             asyncio.run(publish(items))
             published = time.monotonic() - started
-            counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in items},
+            counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in items},
                                                       timeout=timeout, show=False))
             elapsed = time.monotonic() - started
             new_transitions, seen_transitions = counts["transitions"] - seen_transitions, counts["transitions"]

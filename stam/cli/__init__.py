@@ -54,10 +54,10 @@ from stam.cli import (
     worker,
 )
 from stam.cli.common import load_settings, one_line
-from stam.cli.transitions import _consume_transitions
+from stam.cli.transitions import consume_transitions
 from stam.config import Settings
 
-__all__ = ["GROUPS", "_consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
+__all__ = ["GROUPS", "consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`).

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 from stam.cli.common import load_settings, query_service, stack_env
-from stam.cli.transitions import _consume_transitions
+from stam.cli.transitions import consume_transitions
 from stam.config import Settings
 
 DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
@@ -93,7 +93,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"    sent {summary.sent} entries")
         print("4/7 state transitions as they happen (new -> ACTIVE additions not shown):")
         started = time.monotonic()
-        counts = asyncio.run(_consume_transitions(
+        counts = asyncio.run(consume_transitions(
             settings, until_entries={e.entry_id for e in result.entries}, timeout=args.timeout, show=True))
         elapsed = time.monotonic() - started
         print(f"    {counts['entries_done']}/{len(result.entries)} entries applied, "
@@ -155,7 +155,7 @@ def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
             await pub.send_entries(result.entries, PublishSummary())
 
     asyncio.run(publish())
-    counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
+    counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
                                               timeout=timeout, show=False, show_entries=discharges))
     from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
@@ -244,7 +244,7 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         print("5/6 what the model made of the notes (each fact: its store, the relations the link+update call "
               "made, the facts it ended):")
         started = time.monotonic()
-        counts = asyncio.run(_consume_transitions(settings, until_entries={e.entry_id for e in entries},
+        counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in entries},
                                                   timeout=args.timeout, show=True, show_entries=note_entries))
         elapsed = time.monotonic() - started
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()

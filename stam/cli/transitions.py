@@ -35,7 +35,7 @@ def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
     return f"new -> ACTIVE {what}"
 
 
-async def _consume_transitions(settings: Settings, *, until_entries: set[str] | None, timeout: float,
+async def consume_transitions(settings: Settings, *, until_entries: set[str] | None, timeout: float,
                                show: bool, show_added: bool = False,
                                show_entries: set[str] | None = None) -> dict[str, int]:
     """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries').
@@ -102,7 +102,7 @@ async def _consume_transitions(settings: Settings, *, until_entries: set[str] | 
 def cmd_transitions(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker",))
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line (stam.cli)
-    counts = asyncio.run(_consume_transitions(settings, until_entries=None, timeout=args.seconds,
+    counts = asyncio.run(consume_transitions(settings, until_entries=None, timeout=args.seconds,
                                               show=True, show_added=True))
     print(json.dumps(counts))
     return 0

@@ -56,8 +56,8 @@ from schemas import RecordEntry
 from stam.errors import SourceError
 from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, folder_has
 from stam.sources.fhir_r4 import sort_clinically
-from stam.sources.hl7v2.mapping import _Mapper
-from stam.sources.hl7v2.parsing import _decode, _segments_of, parse_dtm, split_messages
+from stam.sources.hl7v2.mapping import Mapper
+from stam.sources.hl7v2.parsing import decode_message, parse_dtm, segments_of, split_messages
 from stam.sources.hl7v2.tables import NDC, SOURCE
 
 _EPOCH = datetime(1, 1, 1, tzinfo=UTC)
@@ -89,10 +89,10 @@ class _Hl7Error(SourceError):
 # --- public API -------------------------------------------------------------------------------------------
 
 def _parse(raw: bytes) -> tuple[list[RecordEntry], dict[str, int], str]:
-    mapper: _Mapper | None = None
+    mapper: Mapper | None = None
     try:
-        segs = _segments_of(_decode(raw))
-        mapper = _Mapper(segs)
+        segs = segments_of(decode_message(raw))
+        mapper = Mapper(segs)
         entries = mapper.run()
     except SourceError as exc:
         mtype = mapper.mtype if mapper is not None else "unknown"

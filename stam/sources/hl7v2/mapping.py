@@ -1,4 +1,4 @@
-"""HL7 v2 segments -> record entries: :class:`_Mapper` walks one message by family (ADT, results, orders,
+"""HL7 v2 segments -> record entries: :class:`Mapper` walks one message by family (ADT, results, orders,
 pharmacy, immunizations, problems, documents) and makes one entry per clinical segment; the rules are in the
 package docstring (``stam.sources.hl7v2``)."""
 
@@ -14,33 +14,33 @@ from urllib.parse import quote
 from schemas import CodeSystem, Coding, Lifecycle, Quantity, RecordEntry, Reference, ReferenceRole
 from stam.errors import SourceError
 from stam.ids import digest
-from stam.sources.hl7v2.parsing import _comp, _safe_id, _Seg, parse_dtm
+from stam.sources.hl7v2.parsing import Segment, component, parse_dtm, safe_id
 from stam.sources.hl7v2.tables import (
-    _ADT_EVENT_NAMES,
-    _BAR_NO_FACTS,
-    _CLASS_DISPLAY,
-    _ENDING,
-    _IDENTITY_EVENTS,
-    _LIFE_CYCLE,
-    _MESSAGE_CODE,
-    _NO_CLINICAL_FACTS,
-    _NUMBER,
-    _OBR_STATUS,
-    _OBX_NO_RESULT,
-    _OBX_STATUS,
-    _OBX_VALUE_TYPES,
-    _ORDER_CONTROL,
-    _ORDER_STATUS,
-    _REPLACING_CONTROLS,
-    _REPORT_FAMILIES,
-    _RETRACTING_EVENTS,
-    _RXA_STATUS,
-    _SEGMENTS,
-    _SYSTEMS,
-    _V2_CLASS,
-    _VISIT_EVENTS,
-    _VXU_ADMIN_LOINC,
+    ADT_EVENT_NAMES,
+    BAR_NO_FACTS,
+    CLASS_DISPLAY,
+    ENDING,
+    IDENTITY_EVENTS,
+    LIFE_CYCLE,
+    MESSAGE_CODE,
+    NO_CLINICAL_FACTS,
+    NUMBER,
+    OBR_STATUS,
+    OBX_NO_RESULT,
+    OBX_STATUS,
+    OBX_VALUE_TYPES,
+    ORDER_CONTROL,
+    ORDER_STATUS,
+    REPLACING_CONTROLS,
+    REPORT_FAMILIES,
+    RETRACTING_EVENTS,
+    RXA_STATUS,
+    SEGMENTS,
     SOURCE,
+    SYSTEMS,
+    V2_CLASS,
+    VISIT_EVENTS,
+    VXU_ADMIN_LOINC,
 )
 
 # --- mapping ----------------------------------------------------------------------------------------------
@@ -68,19 +68,19 @@ class _Spec:
 class _Group:
     """Segments from one ORC to the next (an order with its pharmacy/immunization detail)."""
 
-    orc: _Seg | None = None
-    segs: list[_Seg] = field(default_factory=list)
+    orc: Segment | None = None
+    segs: list[Segment] = field(default_factory=list)
 
 
-class _Mapper:
-    def __init__(self, segs: list[_Seg]) -> None:
+class Mapper:
+    def __init__(self, segs: list[Segment]) -> None:
         self.segs = segs
         msh = segs[0]
         code, event = msh.get(9, 1).upper(), msh.get(9, 2).upper()
         self.mtype = "unknown"
-        if not _MESSAGE_CODE.fullmatch(code):
+        if not MESSAGE_CODE.fullmatch(code):
             raise SourceError(f"MSH-9 message type {msh.text(9)[:20]!r} is missing or invalid")
-        if event and not _MESSAGE_CODE.fullmatch(event):
+        if event and not MESSAGE_CODE.fullmatch(event):
             raise SourceError(f"MSH-9 trigger event {event[:20]!r} is invalid")
         self.code, self.event = code, event
         self.mtype = f"{code}^{event}" if event else code
@@ -106,8 +106,8 @@ class _Mapper:
         key = name.strip()
         if not key:
             return f"urn:hl7v2:local:{quote(self.sender, safe='')}"
-        if key.upper() in _SYSTEMS:
-            return _SYSTEMS[key.upper()]
+        if key.upper() in SYSTEMS:
+            return SYSTEMS[key.upper()]
         m = re.fullmatch(r"HL7(\d{4})", key.upper())
         if m:
             return f"http://terminology.hl7.org/CodeSystem/v2-{m[1]}"
@@ -117,20 +117,20 @@ class _Mapper:
         """CWE/CE/CNE -> codings: the identifier triplet, the alternate one, the second alternate (2.7+)."""
         out: list[Coding] = []
         for code_i, text_i, sys_i in ((1, 2, 3), (4, 5, 6), (10, 11, 12)):
-            code = _comp(comps, code_i)
+            code = component(comps, code_i)
             if not code:
                 continue
-            display = _comp(comps, text_i, joined=True) or (_comp(comps, 9, joined=True) if code_i == 1 else "")
-            system = self.system(_comp(comps, sys_i) or (default_system if code_i == 1 else ""))
+            display = component(comps, text_i, joined=True) or (component(comps, 9, joined=True) if code_i == 1 else "")
+            system = self.system(component(comps, sys_i) or (default_system if code_i == 1 else ""))
             coding = Coding(system=system, code=code, display=display or None)
             if all((c.system, c.code) != (coding.system, coding.code) for c in out):
                 out.append(coding)
         return out
 
-    def time(self, seg: _Seg, n: int) -> datetime | None:
+    def time(self, seg: Segment, n: int) -> datetime | None:
         return parse_dtm(seg.get(n), f"{seg.name}-{n}")
 
-    def first_time(self, *candidates: tuple[_Seg | None, int]) -> datetime | None:
+    def first_time(self, *candidates: tuple[Segment | None, int]) -> datetime | None:
         for seg, n in candidates:
             if seg is not None and seg.get(n):
                 return self.time(seg, n)
@@ -159,17 +159,17 @@ class _Mapper:
         return ids.pop()
 
     @staticmethod
-    def _patient_id(pid: _Seg) -> str:
+    def _patient_id(pid: Segment) -> str:
         reps = pid.reps(3)
-        if not any(_comp(rep, 1) for rep in reps):
+        if not any(component(rep, 1) for rep in reps):
             raise SourceError("PID-3 (patient identifier list) is empty")
         for rep in reps:
-            number = _comp(rep, 1)
-            if not number or _comp(rep, 5).upper() == "SS":
+            number = component(rep, 1)
+            if not number or component(rep, 5).upper() == "SS":
                 continue
             authority = rep[3] if len(rep) > 3 else ()
             name = next((s.strip() for s in authority[:2] if s.strip()), "local")
-            return f"hl7v2:{_safe_id(name).replace(':', '%3A')}:{_safe_id(number)}"
+            return f"hl7v2:{safe_id(name).replace(':', '%3A')}:{safe_id(number)}"
         raise SourceError("PID-3 holds only social-security numbers (CX.5 SS), no usable patient identifier")
 
     # -- the message ---------------------------------------------------------------------------------------
@@ -182,12 +182,12 @@ class _Mapper:
         pv1 = next((s for s in self.segs if s.name == "PV1"), None)
         pv2 = next((s for s in self.segs if s.name == "PV2"), None)
         if pv1 is not None and pv1.get(19):
-            self.visit = _safe_id(pv1.get(19))
+            self.visit = safe_id(pv1.get(19))
         if pv1 is not None:
             self.patient_class = pv1.get(2).upper()
         if pv2 is not None:
             self.encounter_reasons = self.codings(pv2.comps(3))
-        self.walk(_SEGMENTS[self.code])
+        self.walk(SEGMENTS[self.code])
         if not self.specs:
             present = sorted({s.name for s in self.segs[1:]})
             detail = f"; left out: {', '.join(sorted(self.skipped))}" if self.skipped else ""
@@ -197,7 +197,7 @@ class _Mapper:
 
     def describe(self) -> str:
         if self.code == "ADT":
-            return _ADT_EVENT_NAMES.get(self.event, "ADT event")
+            return ADT_EVENT_NAMES.get(self.event, "ADT event")
         return {"BAR": "billing account", "DFT": "financial transaction", "ORU": "results", "OUL": "lab results",
                 "ORM": "order", "OML": "lab order", "OMG": "general order", "RDE": "pharmacy order",
                 "RDS": "pharmacy dispense", "RAS": "pharmacy administration", "PPR": "problem", "MDM": "document",
@@ -205,26 +205,26 @@ class _Mapper:
 
     def refusal(self) -> str | None:
         """Why a whole message type carries no clinical fact (None: map it)."""
-        if self.code in _NO_CLINICAL_FACTS:
-            return _NO_CLINICAL_FACTS[self.code]
-        if self.code not in _SEGMENTS:
+        if self.code in NO_CLINICAL_FACTS:
+            return NO_CLINICAL_FACTS[self.code]
+        if self.code not in SEGMENTS:
             return f"message type {self.code} is not supported by the HL7 v2 source (no clinical mapping)"
-        if self.code == "ADT" and self.event in _IDENTITY_EVENTS:
-            return (f"({_ADT_EVENT_NAMES.get(self.event, 'merge/link/move')}) is an identity operation on patient "
+        if self.code == "ADT" and self.event in IDENTITY_EVENTS:
+            return (f"({ADT_EVENT_NAMES.get(self.event, 'merge/link/move')}) is an identity operation on patient "
                     "identifiers: no clinical facts")
         if self.code == "ADT" and self.event == "A29":
             return "(delete person information) removes a person record: no clinical facts to map"
-        if self.code == "BAR" and self.event in _BAR_NO_FACTS:
-            return f"({_BAR_NO_FACTS[self.event]}) is an account operation: no clinical facts"
+        if self.code == "BAR" and self.event in BAR_NO_FACTS:
+            return f"({BAR_NO_FACTS[self.event]}) is an account operation: no clinical facts"
         return None
 
     def walk(self, enabled: frozenset[str]) -> None:
         group = _Group()
         obr: _Spec | None = None  # the report (ORU) or order (ORM) the next OBX/NTE belong to
-        obr_seg: _Seg | None = None
+        obr_seg: Segment | None = None
         note_target: _Spec | None = None
-        retracting = self.code == "ADT" and self.event in _RETRACTING_EVENTS
-        document: list[_Seg] = []
+        retracting = self.code == "ADT" and self.event in RETRACTING_EVENTS
+        document: list[Segment] = []
         for seg in self.segs[1:]:
             name = seg.name
             if name == "ORC":
@@ -256,7 +256,7 @@ class _Mapper:
                 note_target = self.problem(seg)
             elif name == "OBR":
                 obr_seg = seg
-                obr = self.report(seg, group) if self.code in _REPORT_FAMILIES else self.order(seg, group)
+                obr = self.report(seg, group) if self.code in REPORT_FAMILIES else self.order(seg, group)
                 note_target = obr
             elif name == "OBX":
                 if self.code == "MDM":
@@ -272,13 +272,13 @@ class _Mapper:
 
     # -- ADT -----------------------------------------------------------------------------------------------
 
-    def encounter(self, pv1: _Seg) -> None:
-        if self.code != "ADT" or self.event not in _VISIT_EVENTS:
+    def encounter(self, pv1: Segment) -> None:
+        if self.code != "ADT" or self.event not in VISIT_EVENTS:
             if self.code == "ADT":
                 self.skip(f"ADT^{self.event or '?'} is not a visit event: PV1 not mapped as an encounter")
             return
         klass = pv1.get(2).upper()
-        codes = [Coding(system=_V2_CLASS, code=klass, display=_CLASS_DISPLAY.get(klass))] if klass else []
+        codes = [Coding(system=V2_CLASS, code=klass, display=CLASS_DISPLAY.get(klass))] if klass else []
         if not codes:
             self.skip("PV1 without a patient class (PV1-2): no encounter")
             return
@@ -290,7 +290,7 @@ class _Mapper:
             start = self.first_time((pv2, 8), (evn, 6), (evn, 2))
             if start is not None and end is not None and start > end:
                 start = None  # the event time is no admit time when it falls after the discharge
-        status = _VISIT_EVENTS[self.event]
+        status = VISIT_EVENTS[self.event]
         if status is None:
             status = "finished" if end is not None else "in-progress"
         if self.event == "A13":
@@ -304,7 +304,7 @@ class _Mapper:
         spec = self.add(_Spec(pv1.pos, "PV1", "Encounter", ref, codes, status, start, end, attrs=attrs))
         spec.refs.extend(Reference(role=ReferenceRole.REASON, target=self.concept(c)) for c in self.encounter_reasons)
 
-    def diagnosis(self, dg1: _Seg) -> _Spec | None:
+    def diagnosis(self, dg1: Segment) -> _Spec | None:
         codes = self.codings(dg1.comps(3), default_system=dg1.get(2))
         text = dg1.text(4)
         if not codes and not text:
@@ -312,7 +312,7 @@ class _Mapper:
             return None
         status = "entered-in-error" if dg1.get(21).upper() == "D" else "active"
         key = codes[0] if codes else None
-        ref = (f"Condition/{_safe_id(dg1.get(20))}" if dg1.get(20)
+        ref = (f"Condition/{safe_id(dg1.get(20))}" if dg1.get(20)
                else self.fallback_ref("Condition", self.visit or "", key.system if key else "",
                                       key.code if key else text))
         attrs: dict[str, Any] = {}
@@ -321,7 +321,7 @@ class _Mapper:
         return self.add(_Spec(dg1.pos, "DG1", "Condition", ref, codes, status, self.time(dg1, 5),
                               text=[] if codes else [text], attrs=attrs))
 
-    def allergy(self, al1: _Seg) -> None:
+    def allergy(self, al1: Segment) -> None:
         codes = self.codings(al1.comps(3))
         if not codes:
             self.skip("AL1 without an allergen code (AL1-3)")
@@ -335,14 +335,14 @@ class _Mapper:
         ref = self.fallback_ref("AllergyIntolerance", codes[0].system, codes[0].code)
         self.add(_Spec(al1.pos, "AL1", "AllergyIntolerance", ref, codes, "active", self.time(al1, 6), attrs=attrs))
 
-    def allergy_iam(self, iam: _Seg) -> None:
+    def allergy_iam(self, iam: Segment) -> None:
         codes = self.codings(iam.comps(3))
         if not codes:
             self.skip("IAM without an allergen code (IAM-3)")
             return
         action, verification = iam.get(6).upper(), iam.get(17).upper()
         status = "entered-in-error" if verification == "E" else "inactive" if action == "D" else "active"
-        ref = (f"AllergyIntolerance/{_safe_id(iam.get(7))}" if iam.get(7)
+        ref = (f"AllergyIntolerance/{safe_id(iam.get(7))}" if iam.get(7)
                else self.fallback_ref("AllergyIntolerance", codes[0].system, codes[0].code))
         attrs: dict[str, Any] = {"hl7_action": action} if action else {}
         for key, n in (("allergen_type", 2), ("severity", 4)):
@@ -354,7 +354,7 @@ class _Mapper:
         start = self.first_time((iam, 11), (iam, 13))
         self.add(_Spec(iam.pos, "IAM", "AllergyIntolerance", ref, codes, status, start, attrs=attrs))
 
-    def procedure(self, pr1: _Seg) -> None:
+    def procedure(self, pr1: Segment) -> None:
         codes = self.codings(pr1.comps(3), default_system=pr1.get(2))
         text = pr1.text(4)
         if not codes and not text:
@@ -362,7 +362,7 @@ class _Mapper:
             return
         status = "entered-in-error" if pr1.get(20).upper() == "D" else "completed"
         key = codes[0] if codes else None
-        ref = (f"Procedure/{_safe_id(pr1.get(19))}" if pr1.get(19)
+        ref = (f"Procedure/{safe_id(pr1.get(19))}" if pr1.get(19)
                else self.fallback_ref("Procedure", key.system if key else "", key.code if key else text, pr1.get(5)))
         spec = self.add(_Spec(pr1.pos, "PR1", "Procedure", ref, codes, status, self.time(pr1, 5),
                               text=[] if codes else [text]))
@@ -370,24 +370,24 @@ class _Mapper:
 
     # -- problems (PPR) ------------------------------------------------------------------------------------
 
-    def problem(self, prb: _Seg) -> _Spec | None:
+    def problem(self, prb: Segment) -> _Spec | None:
         codes = self.codings(prb.comps(3))
         if not codes:
             self.skip("PRB without a problem code (PRB-3)")
             return None
         action = prb.get(1).upper()
         life = (prb.get(14) or prb.get(14, 2)).lower()
-        if not life and prb.get(13).lower() in _LIFE_CYCLE and len(prb.get(13)) > 1:
+        if not life and prb.get(13).lower() in LIFE_CYCLE and len(prb.get(13)) > 1:
             life = prb.get(13).lower()  # v2.3.1 senders that put the life cycle one field early
         # A problem deleted from the list (PC3 or PRB-1 DE) is resolved, not retracted (issue rule).
-        status = "resolved" if action == "DE" or self.event == "PC3" else _LIFE_CYCLE.get(life, "active")
+        status = "resolved" if action == "DE" or self.event == "PC3" else LIFE_CYCLE.get(life, "active")
         start = self.first_time((prb, 16), (prb, 7), (prb, 2))
         end = self.time(prb, 9)
         if status == "resolved" and end is None:
             end = self.time(prb, 2)
         if start is not None and end is not None and end < start:
             end = start
-        ref = (f"Condition/{_safe_id(prb.get(4))}" if prb.get(4)
+        ref = (f"Condition/{safe_id(prb.get(4))}" if prb.get(4)
                else self.fallback_ref("Condition", codes[0].system, codes[0].code))
         attrs: dict[str, Any] = {"hl7_action": action} if action else {}
         if life:
@@ -397,13 +397,13 @@ class _Mapper:
     # -- results -------------------------------------------------------------------------------------------
 
     @staticmethod
-    def order_number(*candidates: tuple[_Seg | None, int]) -> str:
+    def order_number(*candidates: tuple[Segment | None, int]) -> str:
         for seg, n in candidates:
             if seg is not None and seg.get(n):
-                return _safe_id(seg.get(n))
+                return safe_id(seg.get(n))
         return ""
 
-    def report(self, obr: _Seg, group: _Group) -> _Spec | None:
+    def report(self, obr: Segment, group: _Group) -> _Spec | None:
         codes = self.codings(obr.comps(4))
         result = obr.get(25).upper()
         if not codes:
@@ -415,29 +415,29 @@ class _Mapper:
         number = self.order_number((obr, 3), (obr, 2), (group.orc, 3), (group.orc, 2))
         ref = (f"DiagnosticReport/{number}" if number
                else self.fallback_ref("DiagnosticReport", codes[0].system, codes[0].code, obr.get(7)))
-        spec = self.add(_Spec(obr.pos, "OBR", "DiagnosticReport", ref, codes, _OBR_STATUS.get(result),
+        spec = self.add(_Spec(obr.pos, "OBR", "DiagnosticReport", ref, codes, OBR_STATUS.get(result),
                               self.time(obr, 7), attrs={"order_number": number} if number else {}))
         placer = self.order_number((obr, 2), (group.orc, 2))
         if placer:  # the order this report answers (ServiceRequest/<placer> from ORM/OML)
             spec.refs.append(Reference(role=ReferenceRole.BASED_ON, target=f"ServiceRequest/{placer}"))
         return spec
 
-    def observation(self, obx: _Seg, parent: _Spec | None, obr: _Seg | None) -> _Spec | None:
+    def observation(self, obx: Segment, parent: _Spec | None, obr: Segment | None) -> _Spec | None:
         codes = self.codings(obx.comps(3))
         vtype, flag = obx.get(2).upper(), obx.get(11).upper()
         if not codes:
             self.skip("OBX without an observation code (OBX-3)")
             return None
-        if self.code == "VXU" and codes[0].system == CodeSystem.LOINC and codes[0].code in _VXU_ADMIN_LOINC:
+        if self.code == "VXU" and codes[0].system == CodeSystem.LOINC and codes[0].code in VXU_ADMIN_LOINC:
             self.skip("VXU OBX: immunization-registry administrative observation (funding, VIS, forecast)")
             return None
-        if flag in _OBX_NO_RESULT:
-            self.skip(f"OBX-11 {flag}: {_OBX_NO_RESULT[flag]}")
+        if flag in OBX_NO_RESULT:
+            self.skip(f"OBX-11 {flag}: {OBX_NO_RESULT[flag]}")
             return None
-        if vtype not in _OBX_VALUE_TYPES:
+        if vtype not in OBX_VALUE_TYPES:
             self.skip(f"OBX-2 {vtype}: value type not mapped (no clinical text or number)")
             return None
-        status = _OBX_STATUS.get(flag)
+        status = OBX_STATUS.get(flag)
         has_value = any(s.strip() for rep in obx.reps(5) for comp in rep for s in comp)
         if not has_value and status != "entered-in-error":
             self.skip("OBX without a value (OBX-5 empty)")
@@ -445,9 +445,9 @@ class _Mapper:
         value, text = self.obx_value(obx, vtype)
         start = self.first_time((obx, 14), (obr, 7))
         number = parent.attrs.get("order_number", "") if parent is not None else ""
-        sub = ".".join(s for s in (_comp(c, 1) for c in obx.comps(4)) if s)
+        sub = ".".join(s for s in (component(c, 1) for c in obx.comps(4)) if s)
         key = codes[0]
-        ref = (f"Observation/{number}-{_safe_id(key.code)}" + (f"-{_safe_id(sub)}" if sub else "") if number
+        ref = (f"Observation/{number}-{safe_id(key.code)}" + (f"-{safe_id(sub)}" if sub else "") if number
                else self.fallback_ref("Observation", key.system, key.code, sub, obx.get(14) or (obr.get(7) if obr else "")))
         attrs: dict[str, Any] = {}
         if obx.get(7):
@@ -463,23 +463,23 @@ class _Mapper:
                 parent.refs.append(Reference(role=ReferenceRole.HAS_MEMBER, target=ref))
         return spec
 
-    def obx_value(self, obx: _Seg, vtype: str) -> tuple[Quantity | None, str]:
+    def obx_value(self, obx: Segment, vtype: str) -> tuple[Quantity | None, str]:
         unit = obx.get(6, 2) or obx.get(6, 1) or None
         if vtype in ("TX", "FT"):
             return None, "\n".join(obx.texts(5)).strip()
         if vtype == "NM":
             raw = obx.get(5)
-            if _NUMBER.fullmatch(raw):
+            if NUMBER.fullmatch(raw):
                 return Quantity(value=float(raw), unit=unit), ""
             return (Quantity(text=raw, unit=unit) if raw else None), ""
         if vtype == "SN":
             comparator, num1, sep, num2 = (obx.get(5, i) for i in (1, 2, 3, 4))
-            if comparator in ("", "=") and not sep and not num2 and _NUMBER.fullmatch(num1):
+            if comparator in ("", "=") and not sep and not num2 and NUMBER.fullmatch(num1):
                 return Quantity(value=float(num1), unit=unit), ""
             shown = f"{comparator}{num1}{sep}{num2}".strip()
             return (Quantity(text=shown, unit=unit) if shown else None), ""
         if vtype in ("CE", "CWE", "CNE", "CF"):
-            shown = "; ".join(c for c in (_comp(rep, 2, True) or _comp(rep, 9, True) or _comp(rep, 1, True)
+            shown = "; ".join(c for c in (component(rep, 2, True) or component(rep, 9, True) or component(rep, 1, True)
                                           for rep in obx.reps(5)) if c)
             return (Quantity(text=shown) if shown else None), ""
         shown = "; ".join(obx.texts(5))
@@ -487,18 +487,18 @@ class _Mapper:
 
     # -- orders --------------------------------------------------------------------------------------------
 
-    def order_status(self, orc: _Seg | None, obr: _Seg | None = None) -> str:
+    def order_status(self, orc: Segment | None, obr: Segment | None = None) -> str:
         control = orc.get(1).upper() if orc is not None else ""
-        by_control = _ORDER_CONTROL.get(control)
-        if by_control in _ENDING:
+        by_control = ORDER_CONTROL.get(control)
+        if by_control in ENDING:
             return by_control or "active"
-        if orc is not None and orc.get(5).upper() in _ORDER_STATUS:
-            return _ORDER_STATUS[orc.get(5).upper()]
+        if orc is not None and orc.get(5).upper() in ORDER_STATUS:
+            return ORDER_STATUS[orc.get(5).upper()]
         if obr is not None and obr.get(25).upper() in ("F", "C"):
             return "completed"
         return by_control or "active"
 
-    def order(self, obr: _Seg, group: _Group) -> _Spec | None:
+    def order(self, obr: Segment, group: _Group) -> _Spec | None:
         codes = self.codings(obr.comps(4))
         if not codes:
             self.skip("OBR without a service code (OBR-4): no order")
@@ -532,12 +532,12 @@ class _Mapper:
             for rxa in (s for s in group.segs if s.name == "RXA"):
                 self.immunization(group, rxa)
 
-    def after(self, group: _Group, anchor: _Seg, name: str) -> _Seg | None:
+    def after(self, group: _Group, anchor: Segment, name: str) -> Segment | None:
         """The first ``name`` segment after ``anchor`` in the group, else the first one in the group."""
         found = [s for s in group.segs if s.name == name]
         return next((s for s in found if s.pos > anchor.pos), found[0] if found else None)
 
-    def dosage(self, group: _Group, anchor: _Seg, amount: tuple[str, str, str], instructions: list[str],
+    def dosage(self, group: _Group, anchor: Segment, amount: tuple[str, str, str], instructions: list[str],
                rate: tuple[str, str] = ("", "")) -> str | None:
         low, high, unit = amount
         head = [f"{low}-{high}" if low and high else low, unit] if low else []
@@ -553,7 +553,7 @@ class _Mapper:
         text = "; ".join(p for p in parts if p.strip())
         return text[:500] or None
 
-    def medication_request(self, group: _Group, rxe: _Seg | None, rxo: _Seg | None) -> None:
+    def medication_request(self, group: _Group, rxe: Segment | None, rxo: Segment | None) -> None:
         seg = rxe if rxe is not None else rxo
         assert seg is not None
         codes = self.codings(rxe.comps(2)) if rxe is not None else []
@@ -594,10 +594,10 @@ class _Mapper:
         spec = self.add(_Spec(seg.pos, seg.name, "MedicationRequest", ref, codes, self.order_status(orc), start, end,
                               dosage=dosage, attrs=attrs))
         parent = orc.get(8) if orc is not None else ""
-        if control in _REPLACING_CONTROLS and parent and f"MedicationRequest/{_safe_id(parent)}" != ref:
-            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"MedicationRequest/{_safe_id(parent)}"))
+        if control in REPLACING_CONTROLS and parent and f"MedicationRequest/{safe_id(parent)}" != ref:
+            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"MedicationRequest/{safe_id(parent)}"))
 
-    def dispense(self, group: _Group, rxd: _Seg, rxe: _Seg | None) -> None:
+    def dispense(self, group: _Group, rxd: Segment, rxe: Segment | None) -> None:
         codes = self.codings(rxd.comps(2))
         if not codes:
             self.skip("RXD without a dispensed drug code (RXD-2)")
@@ -610,7 +610,7 @@ class _Mapper:
         amount = (rxe.get(3), rxe.get(4), rxe.get(5, 2) or rxe.get(5)) if rxe is not None else ("", "", "")
         dosage = self.dosage(group, rxd, amount, instructions)
         number = self.order_number((rxd, 7), (orc, 2), (orc, 3))
-        ref = (f"MedicationStatement/dispense-{number}-{_safe_id(rxd.get(1) or '1')}" if number
+        ref = (f"MedicationStatement/dispense-{number}-{safe_id(rxd.get(1) or '1')}" if number
                else self.fallback_ref("MedicationStatement", codes[0].system, codes[0].code, rxd.get(3)))
         attrs: dict[str, Any] = {"medication_event": "dispense"}
         if rxd.get(4):
@@ -619,14 +619,14 @@ class _Mapper:
         self.add(_Spec(rxd.pos, "RXD", "MedicationStatement", ref, codes, status, self.time(rxd, 3), dosage=dosage,
                        attrs=attrs))
 
-    def immunization(self, group: _Group, rxa: _Seg) -> None:
+    def immunization(self, group: _Group, rxa: Segment) -> None:
         """RXA: a vaccine given (VXU) or a dose of a medication given (RAS: a MedicationAdministration, an event)."""
         given = self.code == "RAS"
         codes = self.codings(rxa.comps(5))
         if not codes:
             self.skip(f"RXA without a {'drug' if given else 'vaccine'} code (RXA-5)")
             return
-        status = "entered-in-error" if rxa.get(21).upper() == "D" else _RXA_STATUS.get(rxa.get(20).upper(), "completed")
+        status = "entered-in-error" if rxa.get(21).upper() == "D" else RXA_STATUS.get(rxa.get(20).upper(), "completed")
         start, end = self.time(rxa, 3), self.time(rxa, 4)
         if start is not None and end is not None and end < start:
             end = None
@@ -641,7 +641,7 @@ class _Mapper:
         orc = group.orc
         number = self.order_number((orc, 3), (orc, 2))
         rtype = "MedicationAdministration" if given else "Immunization"
-        ref = (f"{rtype}/{number}-{_safe_id(rxa.get(2) or '1')}" if number and given else f"{rtype}/{number}" if number
+        ref = (f"{rtype}/{number}-{safe_id(rxa.get(2) or '1')}" if number and given else f"{rtype}/{number}" if number
                else self.fallback_ref(rtype, codes[0].system, codes[0].code, rxa.get(3)))
         attrs: dict[str, Any] = {}
         for key, value in (("lot_number", rxa.get(15)), ("manufacturer", rxa.get(17, 2) or rxa.get(17)),
@@ -655,7 +655,7 @@ class _Mapper:
 
     # -- documents (MDM) -----------------------------------------------------------------------------------
 
-    def document(self, txa: _Seg, obxs: list[_Seg]) -> None:
+    def document(self, txa: Segment, obxs: list[Segment]) -> None:
         parts: list[str] = []
         for obx in obxs:
             vtype = obx.get(2).upper()
@@ -671,18 +671,18 @@ class _Mapper:
         status = ("entered-in-error" if self.event == "T11" or availability == "CA"
                   else "superseded" if availability == "OB" else "current")
         number = txa.get(12)
-        ref = (f"DocumentReference/{_safe_id(number)}" if number
+        ref = (f"DocumentReference/{safe_id(number)}" if number
                else self.fallback_ref("DocumentReference", txa.get(4) or txa.get(6), text[:200]))
         attrs: dict[str, Any] = {}
         for key, n in (("document_type", 2), ("completion_status", 17), ("availability_status", 19)):
             if txa.get(n):
                 attrs[key] = txa.get(n)[:32]
         if txa.get(13):
-            attrs["parent_document"] = _safe_id(txa.get(13))
+            attrs["parent_document"] = safe_id(txa.get(13))
         spec = self.add(_Spec(txa.pos, "TXA", "DocumentReference", ref, [], status,
                               self.first_time((txa, 4), (txa, 6)), text=[text], attrs=attrs))
         if self.event in ("T09", "T10") and txa.get(13):
-            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"DocumentReference/{_safe_id(txa.get(13))}"))
+            spec.refs.append(Reference(role=ReferenceRole.REPLACES, target=f"DocumentReference/{safe_id(txa.get(13))}"))
 
     # -- finishing -----------------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """HL7 v2 bytes -> segments: decoding (MSH-18 character sets, UTF-16 BOMs), splitting a file into messages,
-separators checked, fields unescaped into :class:`_Seg` (``[field][repetition][component][subcomponent]``),
+separators checked, fields unescaped into :class:`Segment` (``[field][repetition][component][subcomponent]``),
 and HL7 DTM times."""
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ import hl7
 from stam.errors import SourceError
 from stam.ids import digest
 from stam.sources.hl7v2.tables import (
-    _BLANK,
-    _CHARSETS,
-    _DTM,
-    _ENVELOPE,
-    _MAX_ID,
-    _MSH_START,
-    _SEGMENT_ID,
-    _UNESCAPE_MAP,
+    BLANK,
+    CHARSETS,
+    DTM_PATTERN,
+    ENVELOPE,
+    MAX_ID,
+    MSH_START,
+    SEGMENT_ID,
+    UNESCAPE_MAP,
     Reps,
 )
 
 # --- one parsed segment -----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Seg:
+class Segment:
     """One segment, fields as [field][repetition][component][subcomponent] strings, already unescaped."""
 
     name: str
@@ -61,7 +61,7 @@ class _Seg:
         return reps[rep - 1] if rep <= len(reps) else ()
 
 
-def _comp(comps: Sequence[Sequence[str]], i: int, joined: bool = False) -> str:
+def component(comps: Sequence[Sequence[str]], i: int, joined: bool = False) -> str:
     if i > len(comps):
         return ""
     subs = comps[i - 1]
@@ -70,9 +70,9 @@ def _comp(comps: Sequence[Sequence[str]], i: int, joined: bool = False) -> str:
 
 # --- low-level helpers ------------------------------------------------------------------------------------
 
-def _safe_id(value: str) -> str:
+def safe_id(value: str) -> str:
     value = " ".join(value.split())
-    return value if len(value) <= _MAX_ID else f"{value[:60]}~{digest(value, size=8)}"
+    return value if len(value) <= MAX_ID else f"{value[:60]}~{digest(value, size=8)}"
 
 
 def parse_dtm(value: str, where: str) -> datetime | None:
@@ -80,7 +80,7 @@ def parse_dtm(value: str, where: str) -> datetime | None:
     value = value.strip()
     if not value:
         return None
-    m = _DTM.fullmatch(value)
+    m = DTM_PATTERN.fullmatch(value)
     if m is None:
         raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}")
     year, month, day, hour, minute, second, frac, offset = m.groups()
@@ -101,7 +101,7 @@ def parse_dtm(value: str, where: str) -> datetime | None:
         raise SourceError(f"bad HL7 date/time {value[:40]!r} in {where}: {exc}") from exc
 
 
-def _decode(raw: bytes) -> str:
+def decode_message(raw: bytes) -> str:
     data = raw.strip(b"\x0b\x1c\x00 \t\r\n")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
         try:
@@ -119,16 +119,16 @@ def _decode(raw: bytes) -> str:
     if len(head) > 3:
         msh = head.split(head[3])
         if len(msh) > 17:
-            codec = _CHARSETS.get(msh[17].split("~")[0].strip().upper(), "latin-1")
+            codec = CHARSETS.get(msh[17].split("~")[0].strip().upper(), "latin-1")
     try:
         return data.decode(codec)
     except UnicodeDecodeError as exc:
         raise SourceError(f"message is not valid UTF-8 nor valid {codec} (MSH-18): {exc}") from exc
 
 
-def _segments_of(text: str) -> list[_Seg]:
+def segments_of(text: str) -> list[Segment]:
     lines = [line.strip().lstrip("\ufeff") for line in text.replace("\r\n", "\r").replace("\n", "\r").split("\r")]
-    lines = [line for line in lines if line and line[:3] not in _ENVELOPE]
+    lines = [line for line in lines if line and line[:3] not in ENVELOPE]
     if not lines:
         raise SourceError("empty message")
     if not lines[0].startswith("MSH"):
@@ -147,12 +147,12 @@ def _segments_of(text: str) -> list[_Seg]:
     message = hl7.parse("\r".join(lines))
 
     def unescape(leaf: Any) -> str:
-        return str(message.unescape(str(leaf), _UNESCAPE_MAP)).replace("\r", "\n")
+        return str(message.unescape(str(leaf), UNESCAPE_MAP)).replace("\r", "\n")
 
-    out: list[_Seg] = []
+    out: list[Segment] = []
     for pos, seg in enumerate(message):
         name = str(seg[0][0]) if len(seg) and len(seg[0]) else ""
-        if not _SEGMENT_ID.fullmatch(name):
+        if not SEGMENT_ID.fullmatch(name):
             raise SourceError(f"segment {pos + 1} has an invalid segment id {name[:10]!r}")
         fields: list[Reps] = [((((name,),),))]
         for index, fld in enumerate(seg[1:], start=1):
@@ -167,17 +167,17 @@ def _segments_of(text: str) -> list[_Seg]:
                 reps.append(tuple((unescape(c),) if isinstance(c, str) else tuple(unescape(s) for s in c)
                                   for c in rep))
             fields.append(tuple(reps))
-        out.append(_Seg(name, tuple(fields), pos))
+        out.append(Segment(name, tuple(fields), pos))
     return out
 
 
 def split_messages(data: bytes) -> list[bytes]:
     """The messages of a file (split where a segment starts with MSH), original bytes kept."""
-    starts = [m.start() for m in _MSH_START.finditer(data)]
+    starts = [m.start() for m in MSH_START.finditer(data)]
     if not starts:
-        return [data] if data.strip(_BLANK) else []
+        return [data] if data.strip(BLANK) else []
     prefix = data[:starts[0]]
-    if not any(line.strip(_BLANK) and line.strip(_BLANK)[:3] not in (b"FHS", b"BHS")
+    if not any(line.strip(BLANK) and line.strip(BLANK)[:3] not in (b"FHS", b"BHS")
                for line in re.split(rb"[\r\n]", prefix)):
         starts[0] = 0  # a BOM, MLLP start byte or batch header travels with the first message
     else:
