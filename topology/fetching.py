@@ -32,8 +32,8 @@ class ConsumerThread(driver.AIOKafkaConsumerThread):
     def _create_worker_consumer(self, transport: Any) -> Any:
         consumer = super()._create_worker_consumer(transport)
         if not hasattr(consumer, _ATTRIBUTE):
-            raise RuntimeError(f"aiokafka's consumer has no {_ATTRIBUTE}: this aiokafka is not the one "
-                               "topology/fetching.py was written for (see pyproject.toml)")
+            raise RuntimeError(f"aiokafka's consumer has no {_ATTRIBUTE}: topology/fetching.py was written "
+                               "for aiokafka 0.14; this one keeps its fetch wait elsewhere")
         setattr(consumer, _ATTRIBUTE, transport.fetch_wait_ms)
         return consumer
 
