@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,7 +124,18 @@ def _wait_bucket(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: f
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
-    raise StackError(f"s3 bucket {BUCKET} not ready within {timeout:.0f}s; see {log}")
+    raise StackError(f"s3 bucket {BUCKET} not ready within {timeout:.0f}s{low_disk(log.parent)}; see {log}")
+
+
+def low_disk(path: Path) -> str:
+    """What to add to a storage failure when the disk under ``path`` is nearly full ("" when it is not):
+    SeaweedFS's volume server registers no capacity with less than 1% of its disk free (its ``minFreeSpace``
+    default), and the broker's writes then fail ("no volume server capacity registered yet" in its log)."""
+    usage = shutil.disk_usage(path)
+    if usage.free >= 0.02 * usage.total:
+        return ""
+    return (f": the disk under {path} has {usage.free / 2**30:.1f} GiB free ({100 * usage.free / usage.total:.1f}%), "
+            "and SeaweedFS takes no writes with less than 1% free; free some space")
 
 
 def stack_file(home: Path) -> Path:

