@@ -18,14 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from schemas import Channel
 from stam.config import Settings
-from stam.embedding import Embedder
+from stam.embedding import Embedder, deployment_embedder
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.stages import Deps, StageParams
 from stam.stores.base import VectorStore
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
-from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import milvus_token, redis_client
 
@@ -79,8 +78,7 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
 def build_deps(settings: Settings, *, embedder: Embedder | None = None, announce: bool = False) -> Deps:
     settings.home.mkdir(parents=True, exist_ok=True)
     client = redis_client(settings)
-    embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
-                                    shared=RedisVectorCache(client, prefix=settings.collection_prefix))
+    embedder = embedder or deployment_embedder(settings, client)
     vectors: VectorStore = MilvusVectorStore(settings.resolved_milvus_uri(), dim=embedder.dim,
                                              prefix=settings.collection_prefix, token=milvus_token(settings))
     states = RedisStateStore(client, prefix=settings.collection_prefix,

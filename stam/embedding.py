@@ -14,10 +14,13 @@ from threading import Lock
 from typing import Protocol
 
 import numpy as np
+import redis
 
 from schemas import AtomicMemory
 from stam.cache import LRU
+from stam.config import Settings
 from stam.ids import digest
+from stam.stores.redis_cache import RedisVectorCache
 
 MINILM = "all-MiniLM-L6-v2"
 
@@ -157,3 +160,10 @@ def memory_vectors(memories: Sequence[AtomicMemory], embedder: Embedder) -> np.n
     if other:
         out[other] = embedder.embed([memories[i].embed_text or memories[i].text for i in other])
     return out
+
+
+def deployment_embedder(settings: Settings, client: redis.Redis) -> Embedder:
+    """The deployment's embedder: its model, its in-process cache, and the concept cache its workers share in
+    Redis (``client``)."""
+    return Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
+                    shared=RedisVectorCache(client, prefix=settings.collection_prefix))

@@ -52,8 +52,7 @@ from typing import Any
 import redis
 
 from stam.config import Settings
-from stam.embedding import Embedder, memory_vectors
-from stam.stores.redis_cache import RedisVectorCache
+from stam.embedding import deployment_embedder, memory_vectors
 
 log = logging.getLogger("stam.erase")
 
@@ -707,8 +706,7 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
         unknown = [s for s in wrong if s.memory.memory_id not in vectors]
         rows = [{**vectors[s.memory.memory_id], "store": s.store.value} for s in known]
         if unknown:
-            embedder = embedder or Embedder(settings.embedding_model, cache_size=settings.embedding_cache_size,
-                                            shared=RedisVectorCache(client, prefix=settings.collection_prefix))
+            embedder = embedder or deployment_embedder(settings, client)
             for s, v in zip(unknown, memory_vectors([s.memory for s in unknown], embedder), strict=True):
                 rows.append({pk: s.memory.memory_id, "patient_id": p, "store": s.store.value, "vector": v.tolist()})
         mc.upsert(name, rows)
