@@ -92,8 +92,8 @@ def test_a_hit_brings_the_thread_in_clinical_order(loaded: Any, small_bundle: An
                            "1941-03-29 07:44); earlier: 83.211 cm at ")
     assert "replaced by" not in p.rendered and line.count("Body Height") == 1  # the successor is not repeated
     (fact,) = p.facts
-    assert fact.text == ("Body Height, from the first value (at 1938-04-09 07:44) to the most recent (at 1941-03-15 "
-                         "07:44; change +39.8 cm): 48.0211 cm to 87.8171 cm")
+    assert fact.text == ("Body Height, change since the first value: +39.8 cm (48.0211 cm at 1938-04-09 07:44 to "
+                         "87.8171 cm at 1941-03-15 07:44, the most recent)")
 
 
 @pytest.mark.parametrize(("question", "role", "value"), [
