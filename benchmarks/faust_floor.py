@@ -116,7 +116,7 @@ def main() -> None:
     if args.worker:
         worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.worker[3])
         return
-    results = [_one(args, storage, linger, batching) for storage in args.storage for linger in args.linger_ms
+    results = [floor_run(args, storage, linger, batching) for storage in args.storage for linger in args.linger_ms
                for batching in args.batching]
     print(json.dumps(stamp(results[0] if len(results) == 1 else results), indent=2))
 
@@ -131,7 +131,9 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _one(args: argparse.Namespace, storage: str, linger_ms: int = 5, batching: str = "stam") -> dict[str, Any]:
+def floor_run(args: argparse.Namespace, storage: str, linger_ms: int = 5, batching: str = "stam") -> dict[str, Any]:
+    """One floor measurement: a fresh embedded stack on ``storage``, the plain Faust pipeline over ``args.messages``
+    messages (JSON figures)."""
     from stam import stack
 
     with tempfile.TemporaryDirectory(prefix="stam-floor-") as tmp:

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hospital_feed import MIMIC, load_feed, stack_with_workers
-from benchmarks.write_path import REPO, _free_port
+from benchmarks.write_path import REPO, free_port
 
 VERSIONS = ("R4B", "R5")
 MIMIC_PATIENT = "10019917"
@@ -67,7 +67,7 @@ def _synthea_patient() -> list[Any]:
 
 
 def _start_notifier(settings: Any, home: Path, cafile: Path) -> tuple[subprocess.Popen[bytes], int, int, Any]:
-    port, metrics = _free_port(), _free_port()
+    port, metrics = free_port(), free_port()
     env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=settings.broker_url, STAM_REDIS_URL=settings.redis_url,
                STAM_MILVUS_URI=settings.milvus_uri, STAM_FHIR_PORT=str(port), STAM_METRICS_PORT=str(metrics),
                STAM_FHIR_ENDPOINT_CAFILE=str(cafile))

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.write_path import CpuMeter, _free_port, _hist_quantile, _vmhwm_mb
+from benchmarks.write_path import CpuMeter, free_port, hist_quantile, vmhwm_mb
 from stam.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -122,7 +122,7 @@ def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[sub
                             milvus_uri=info.milvus_uri, web_port=0)
         asyncio.run(ensure_topics(settings))
         for i in range(n):
-            port = _free_port()
+            port = free_port()
             env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url,
                        STAM_REDIS_URL=info.redis_url, STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0",
                        STAM_METRICS_PORT=str(port))
@@ -173,7 +173,7 @@ def stage_quantiles(before: dict[str, Any], after: dict[str, Any], family: str =
     for stage, b in after[family].items():
         prior = before[family].get(stage, {})
         cum = sorted((le, c - prior.get(le, 0.0)) for le, c in b.items())
-        p50, p99 = _hist_quantile(cum, 0.5), _hist_quantile(cum, 0.99)
+        p50, p99 = hist_quantile(cum, 0.5), hist_quantile(cum, 0.99)
         out[stage] = {"p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
                       "p99_ms": round(p99 * 1000, 3) if p99 is not None else None, "n": int(cum[-1][1])}
     return out
@@ -346,13 +346,13 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         return {"workers": workers, "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
-                "worker_peak_rss_mb": [_vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
+                "worker_peak_rss_mb": [vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
 
 
 def floor(messages: int, payload: int, fanout: int) -> dict[str, Any]:
-    from benchmarks.faust_floor import _one
+    from benchmarks.faust_floor import floor_run
 
-    return _one(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout), "s3")
+    return floor_run(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout), "s3")
 
 
 def main() -> None:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.write_path import DATA, REPO, CpuMeter, _free_port
+from benchmarks.write_path import DATA, REPO, CpuMeter, free_port
 from stam.eval.provenance import stamp
 
 WARM_PATIENT = "idle-warmup"
@@ -64,7 +64,7 @@ def _warm_up(settings: Any) -> float:
 def _worker(home: Path, log: Any, extra: dict[str, str]) -> subprocess.Popen[bytes]:
     """``stam worker`` as a user starts it against the stack (its web on a free port, no metrics port)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAM_")}
-    env.update(STAM_HOME=str(home), STAM_WEB_PORT=str(_free_port()), **extra)
+    env.update(STAM_HOME=str(home), STAM_WEB_PORT=str(free_port()), **extra)
     return subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"], cwd=REPO, env=env,
                             stdout=log, stderr=subprocess.STDOUT)
 

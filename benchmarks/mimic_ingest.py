@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.write_path import CpuMeter, _scrape, _vmhwm_mb, stack_with_worker
+from benchmarks.write_path import CpuMeter, scrape_metrics, stack_with_worker, vmhwm_mb
 from stam.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -64,7 +64,7 @@ def main() -> None:
         published = time.monotonic() - started
         counts = asyncio.run(consume_transitions(settings, until_entries=ids, timeout=args.timeout, show=False))
         elapsed = time.monotonic() - started
-        scraped = _scrape(metrics_port)
+        scraped = scrape_metrics(metrics_port)
         spent = cpu.report(counts["entries_done"])
         states = RedisStateStore(redis_client(settings))
         check = poe_check(lambda sid: export_state(states.load(sid)), MIMIC, set(subjects) if subjects else None)
@@ -79,8 +79,8 @@ def main() -> None:
             "transitions": counts["transitions"], "transitions_by_kind": dict(sorted(kinds.items())),
             "tables": summary.sources.get("mimic-iv", {}).get("tables"),
             "poe_check": check, "stages": scraped["stages"], "stale_redo": scraped["stale_redo"],
-            "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
-            "stack_peak_rss_mb": {n: _vmhwm_mb(pid) for n, pid in sw.stack_pids.items()},
+            "worker_peak_rss_mb": vmhwm_mb(worker.pid),
+            "stack_peak_rss_mb": {n: vmhwm_mb(pid) for n, pid in sw.stack_pids.items()},
             # driver: this process (the publisher, then the transition consumer)
             "cpu": spent,
         }

@@ -32,7 +32,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.write_path import DATA, REPO, _free_port
+from benchmarks.write_path import DATA, REPO, free_port
 from stam.eval.provenance import stamp
 
 SAMPLES = DATA / "hl7v2-samples"
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
                                 milvus_uri=info.milvus_uri, web_port=0)
             asyncio.run(ensure_topics(settings))
-            port, metrics = _free_port(), _free_port()
+            port, metrics = free_port(), free_port()
             env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,
                        STAM_MILVUS_URI=info.milvus_uri, STAM_MLLP_PORT=str(port), STAM_METRICS_PORT=str(metrics))
             log = open(home / "listener.log", "wb")  # noqa: SIM115 - kept open for the process's life

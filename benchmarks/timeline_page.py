@@ -43,7 +43,7 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(settings: Any, counts: dict[str, int], args: argparse.Namespace, chromium: str, driver_path: str,
              webdriver: Any, Service: Any, By: Any, WebDriverWait: Any) -> dict[str, Any]:  # noqa: N803
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, STAM_HOME=str(settings.home), STAM_BROKER_URL=settings.broker_url,
                STAM_REDIS_URL=settings.redis_url, STAM_MILVUS_URI=settings.milvus_uri, STAM_PARTITIONS="4",
                STAM_WEB_PORT="0", STAM_QUERY_WEB_PORT=str(port), STAM_QUERY_TOKEN=TOKEN)

@@ -45,7 +45,7 @@ def _pct(values: list[float]) -> dict[str, float]:
             "mean_ms": round(float(arr.mean()), 3), "n": len(values)}
 
 
-def _hist_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+def hist_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
     """Quantile from cumulative prometheus buckets (le, count), linear inside the bucket."""
     if not buckets or buckets[-1][1] == 0:
         return None
@@ -62,7 +62,8 @@ def _hist_quantile(buckets: list[tuple[float, float]], q: float) -> float | None
     return None
 
 
-def _scrape(port: int) -> dict[str, Any]:
+def scrape_metrics(port: int) -> dict[str, Any]:
+    """A worker's /metrics on ``port``: the stage histograms' buckets and the counters the benchmarks report."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     stages: dict[str, list[tuple[float, float]]] = {}
     for m in re.finditer(r'stam_stage_seconds_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)', text):
@@ -70,20 +71,22 @@ def _scrape(port: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for stage, b in stages.items():
         b.sort()
-        p50, p99 = _hist_quantile(b, 0.5), _hist_quantile(b, 0.99)
+        p50, p99 = hist_quantile(b, 0.5), hist_quantile(b, 0.99)
         out[stage] = {"p50_ms": round(p50 * 1000, 3) if p50 is not None else None,
                       "p99_ms": round(p99 * 1000, 3) if p99 is not None else None, "n": int(b[-1][1])}
     redo = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
     return {"stages": out, "stale_redo": float(redo.group(1)) if redo else 0.0}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on the loopback now (the OS picks it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _vmhwm_mb(pid: int) -> float | None:
+def vmhwm_mb(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of process ``pid`` in MB; None where /proc does not say."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -197,7 +200,7 @@ def stack_with_worker(home: Path) -> Iterator[StackWorker]:
 
     info = stack.up(home)
     try:
-        metrics_port = _free_port()
+        metrics_port = free_port()
         settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
                             milvus_uri=info.milvus_uri, web_port=0)
         asyncio.run(ensure_topics(settings))
@@ -258,9 +261,9 @@ def end_to_end(entries: list[Any], home: Path, timeout: float) -> dict[str, Any]
         renamed = [e.model_copy(update={"patient_id": "b2-" + e.patient_id, "entry_id": "b2-" + e.entry_id})
                    for e in entries]
         warm_run = burst(renamed)
-        scraped = _scrape(metrics_port)
+        scraped = scrape_metrics(metrics_port)
         return {"cold_concept_cache": cold, "warm_concept_cache": warm_run,
-                "worker_peak_rss_mb": _vmhwm_mb(worker.pid),
+                "worker_peak_rss_mb": vmhwm_mb(worker.pid),
                 "stages_from_histograms_both_runs": scraped["stages"], "stale_redo": scraped["stale_redo"]}
 
 

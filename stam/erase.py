@@ -350,7 +350,7 @@ def _redis_hits(client: redis.Redis, needles: Sequence[list[bytes]], *, exclude:
     return hits
 
 
-def _parquet_strings(path: Path) -> Iterable[bytes]:
+def parquet_strings(path: Path) -> Iterable[bytes]:
     """String values of a Parquet (Milvus Lite segment) or Arrow (its WAL) file: a compressed page may hide a
     value from a byte search."""
     import pyarrow as pa
@@ -570,7 +570,7 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
             hit = any(v in data for v in flat)
             how = ""
             if not hit and path.suffix in (".parquet", ".arrow"):
-                hit = any(any(v in s for v in flat) for s in _parquet_strings(path))
+                hit = any(any(v in s for v in flat) for s in parquet_strings(path))
             if not hit and _is_redis_file(path):
                 loaded = _redis_file_hits(path, needles)
                 hit, how = bool(loaded), f" ({loaded} keys once loaded)" if loaded else ""
@@ -717,7 +717,8 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
     return fixed
 
 
-def _erase_milvus(settings: Settings, patient_id: str, client: redis.Redis, report: Report) -> None:
+def erase_milvus(settings: Settings, patient_id: str, client: redis.Redis, report: Report) -> None:
+    """The patient's vectors out of every Milvus collection (both stores), with what was deleted in ``report``."""
     mc = _milvus_client(settings)
     try:
         lite = _is_lite(mc, settings)
@@ -871,7 +872,7 @@ def erase(settings: Settings, patient_id: str, *, request_id: str | None = None,
 
     step("marker", mark_erased, client, prefix, patient_id)
     step("redis", _erase_redis, client, prefix, patient_id, report)
-    step("milvus", _erase_milvus, settings, patient_id, client, report)
+    step("milvus", erase_milvus, settings, patient_id, client, report)
     step("files", _erase_files, settings, patient_id, report)
     # The data key goes before Redis's files are rewritten, so no copy of it is left on disk.
     crypto = Crypto(settings, client)

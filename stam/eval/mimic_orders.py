@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from stam.sources.mimic import _PHARMACY_STATUS, SAME_ACT, SOURCE
+from stam.sources.mimic import PHARMACY_STATUS, SAME_ACT, SOURCE
 
 NEAR = timedelta(minutes=1)
 _STRENGTH = re.compile(r"\s*\([^()]*\)\s*$")
@@ -311,7 +311,7 @@ def build(rows: RowsIn, discharge: dict[str, dict[str, tuple[datetime, str]]]) -
         o = unit(subject, f"poe:{poe_id}" if poe_id else f"pharmacy:{pid}", hadm)
         if poe_id:
             first_start[poe_id] = min(start, first_start.get(poe_id, start))
-        final = _PHARMACY_STATUS.get(status)
+        final = PHARMACY_STATUS.get(status)
         by = ender.get(poe_id) if poe_id else None
         by_time = _t(poe[by][2]) if by else None
         single, begun = entry("pharmacy", pid), entry("pharmacy", f"{pid}:start")

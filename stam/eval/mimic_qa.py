@@ -107,7 +107,7 @@ from stam.errors import SourceError
 from stam.eval.mimic_orders import NEAR, Orders, RowsIn, drug_key
 from stam.eval.mimic_orders import build as build_orders
 from stam.eval.mimic_orders import ended_by as ended_by_poe
-from stam.sources.mimic import _PHARMACY_STATUS, SAME_ACT, SOURCE, _Builder, is_mimic_root
+from stam.sources.mimic import PHARMACY_STATUS, SAME_ACT, SOURCE, dosage_text, is_mimic_root
 
 __all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "balanced_sample", "build_questions", "read_jsonl", "split_of",
            "write_jsonl"]
@@ -119,7 +119,7 @@ QTYPES: tuple[str, ...] = ("first_value", "last_value", "previous_value", "chang
 PER_PATIENT = 27  # questions per patient by default: 1.5 per template (see the module docstring)
 SPLITS: tuple[str, ...] = ("train", "dev", "test")
 # Pharmacy statuses that mean the order was stopped before running its course (the loader's "stopped").
-_DISCONTINUED = frozenset(k for k, v in _PHARMACY_STATUS.items() if v == "stopped")
+_DISCONTINUED = frozenset(k for k, v in PHARMACY_STATUS.items() if v == "stopped")
 
 
 @dataclass(frozen=True)
@@ -400,9 +400,9 @@ def _load(root: Path, subjects: set[str] | None) -> tuple[dict[str, _Patient], d
             # The loader's dosage (of the prescription it names the order by) on the entry it publishes at start:
             # ':start', or the single entry (ended by POE before it started; no stop time or no final status).
             single = (by_time is not None and by_time <= start) if poe_stops else \
-                not stoptime or status not in _PHARMACY_STATUS
+                not stoptime or status not in PHARMACY_STATUS
             rx = rx_by_pharmacy.get(pid, [])
-            dosage = _Builder._dosage(rx_dose[_main(rx)[0]] if rx else None, {"route": route, "frequency": freq})
+            dosage = dosage_text(rx_dose[_main(rx)[0]] if rx else None, {"route": route, "frequency": freq})
             doses[subject][poe_id].append(_Dose(f"{SOURCE}:pharmacy:{pid}" + ("" if single else ":start"), start,
                                                 name, dosage))
         if not poe_stops and stop is not None and status in _DISCONTINUED:

@@ -42,7 +42,7 @@ from stam.eval.state import (
     replay_entries,
     save_replay,
 )
-from stam.sources.fhir_r4 import _status_code, entries_from_bundle, iter_bundle_files, parse_time
+from stam.sources.fhir_r4 import entries_from_bundle, iter_bundle_files, parse_time, status_code
 
 SYNTHEA_PAIR_KINDS = ("med-renewal", "observation-repeat")
 
@@ -83,7 +83,7 @@ def synthea_gold(bundles: Iterable[dict[str, Any]], entries: dict[str, list[Reco
                 onset, abated = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
                 if abated is not None:
                     gold.ended[patient][eid] = "resolved"
-                elif _status_code(r.get("clinicalStatus")) == "active":
+                elif status_code(r.get("clinicalStatus")) == "active":
                     gold.holds[patient].add(eid)
                 if onset is not None:
                     intervals.append((eid, onset, abated))

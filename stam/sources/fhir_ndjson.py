@@ -22,7 +22,7 @@ from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult,
 from stam.sources.fhir_r4 import (
     CLINICAL_TYPES,
     LIBRARY_FAULTS,
-    _first_codings,
+    first_codings,
     resource_to_entry,
     sort_clinically,
 )
@@ -85,7 +85,7 @@ def load_ndjson(paths: Iterable[str | Path]) -> NdjsonResult:
                     resource = _validate(line)
                     rtype = resource["resourceType"]
                     if rtype == "Encounter" and resource.get("id"):
-                        encounter_reasons[f"Encounter/{resource['id']}"] = _first_codings(resource.get("reasonCode"))
+                        encounter_reasons[f"Encounter/{resource['id']}"] = first_codings(resource.get("reasonCode"))
                     if rtype not in CLINICAL_TYPES:
                         result.skipped[rtype] = result.skipped.get(rtype, 0) + 1
                         continue

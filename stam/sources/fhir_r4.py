@@ -54,7 +54,8 @@ def _codings(concept: dict[str, Any] | None) -> list[Coding]:
     return out
 
 
-def _first_codings(concepts: list[dict[str, Any]] | None) -> list[Coding]:
+def first_codings(concepts: list[dict[str, Any]] | None) -> list[Coding]:
+    """The codings of the first CodeableConcept in ``concepts`` that has any."""
     for concept in concepts or []:
         found = _codings(concept)
         if found:
@@ -62,7 +63,8 @@ def _first_codings(concepts: list[dict[str, Any]] | None) -> list[Coding]:
     return []
 
 
-def _status_code(concept: dict[str, Any] | None) -> str | None:
+def status_code(concept: dict[str, Any] | None) -> str | None:
+    """The first code of a status CodeableConcept (clinicalStatus, verificationStatus); None without one."""
     for c in (concept or {}).get("coding", []):
         if c.get("code"):
             return str(c["code"])
@@ -163,7 +165,7 @@ def entries_from_bundle(raw: dict[str, Any], *, validate: bool = True) -> Bundle
     encounter_reasons: dict[str, list[Coding]] = {}
     for r in resources:
         if r.get("resourceType") == "Encounter" and r.get("id"):
-            encounter_reasons[f"Encounter/{r['id']}"] = _first_codings(r.get("reasonCode"))
+            encounter_reasons[f"Encounter/{r['id']}"] = first_codings(r.get("reasonCode"))
     result = BundleResult(patient_id=patients[0] if len(patients) == 1 else None)
     for r in resources:
         rtype = r.get("resourceType", "?")
@@ -223,9 +225,9 @@ def _condition(r: dict[str, Any], m: _Mapped) -> None:
     m.codes = _codings(r.get("code"))
     m.start, m.end = parse_time(r.get("onsetDateTime")), parse_time(r.get("abatementDateTime"))
     m.recorded = parse_time(r.get("recordedDate"))
-    m.status = _status_code(r.get("clinicalStatus"))
-    if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
-        m.status = _status_code(r.get("verificationStatus"))
+    m.status = status_code(r.get("clinicalStatus"))
+    if status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+        m.status = status_code(r.get("verificationStatus"))
 
 
 def _medication(r: dict[str, Any], m: _Mapped) -> None:
@@ -234,7 +236,7 @@ def _medication(r: dict[str, Any], m: _Mapped) -> None:
                          or (r.get("effectivePeriod") or {}).get("start"))
     validity = ((r.get("dispenseRequest") or {}).get("validityPeriod") or {}).get("end")
     m.end = parse_time((r.get("effectivePeriod") or {}).get("end") or validity)
-    categories = {c.code for c in _first_codings(r.get("category"))}
+    categories = {c.code for c in first_codings(r.get("category"))}
     if m.end is not None and r["resourceType"] != "MedicationAdministration":
         m.lifecycle = Lifecycle.INTERVAL  # current inside its effective or validity period
     elif "inpatient" in categories:
@@ -273,14 +275,14 @@ def _immunization(r: dict[str, Any], m: _Mapped) -> None:
 
 
 def _encounter(r: dict[str, Any], m: _Mapped) -> None:
-    m.codes = _first_codings(r.get("type"))
+    m.codes = first_codings(r.get("type"))
     period = r.get("period") or {}
     m.start, m.end = parse_time(period.get("start")), parse_time(period.get("end"))
     klass = r.get("class") or {}
     if klass.get("code"):
         m.attributes["class"] = klass["code"]
     m.refs.extend(Reference(role=ReferenceRole.REASON, target=f"concept:{c.system}|{c.code}")
-                  for c in _first_codings(r.get("reasonCode")))
+                  for c in first_codings(r.get("reasonCode")))
     m.add_refs(ReferenceRole.REASON, r.get("reasonReference"))
 
 
@@ -288,15 +290,15 @@ def _allergy(r: dict[str, Any], m: _Mapped) -> None:
     m.codes = _codings(r.get("code"))
     m.start = parse_time(r.get("onsetDateTime") or r.get("recordedDate"))
     m.recorded = parse_time(r.get("recordedDate"))
-    m.status = _status_code(r.get("clinicalStatus"))
-    if _status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
-        m.status = _status_code(r.get("verificationStatus"))
+    m.status = status_code(r.get("clinicalStatus"))
+    if status_code(r.get("verificationStatus")) in ("entered-in-error", "refuted"):
+        m.status = status_code(r.get("verificationStatus"))
 
 
 def _care_plan(r: dict[str, Any], m: _Mapped) -> None:
     # Synthea puts the generic "assess-plan" category first; the specific plan code follows it.
     categories = r.get("category") or []
-    m.codes = _first_codings(categories[1:] if len(categories) > 1 else categories)
+    m.codes = first_codings(categories[1:] if len(categories) > 1 else categories)
     period = r.get("period") or {}
     m.start, m.end = parse_time(period.get("start")), parse_time(period.get("end"))
     m.add_refs(ReferenceRole.ADDRESSES, r.get("addresses"))

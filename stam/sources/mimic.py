@@ -118,7 +118,7 @@ _MODULE = {"icustays": "icu", "inputevents": "icu", "ingredientevents": "icu", "
 
 # emar event_txt -> status. Anything "Not ..." or held is an administration that did not happen.
 _EMAR_NOT_DONE = ("Not ", "Hold Dose", "Infusion Reconciliation Not Done")
-_PHARMACY_STATUS = {
+PHARMACY_STATUS = {
     "Discontinued": "stopped",
     "Discontinued via patient discharge": "stopped",
     "Inactive (Due to a change order)": "stopped",
@@ -250,6 +250,20 @@ def _load_lookups(root: Path, subjects: set[str] | None) -> _Lookups:
         if r.get("dod"):
             lk.dod[r["subject_id"]] = r["dod"]
     return lk
+
+
+def dosage_text(rx: Row | None, ph: Row | None) -> str | None:
+    """An order's dosage as the record writes it: the prescription's dose and unit, the route (pharmacy's first), the
+    pharmacy's frequency; None when the rows give none."""
+    bits = []
+    if rx and rx.get("dose_val_rx"):
+        bits.append(f"{rx['dose_val_rx']} {rx.get('dose_unit_rx') or ''}".strip())
+    route = (ph or {}).get("route") or (rx or {}).get("route")
+    if route:
+        bits.append(route)
+    if ph and ph.get("frequency"):
+        bits.append(ph["frequency"])
+    return " ".join(bits) or None
 
 
 class _Builder:
@@ -569,10 +583,10 @@ class _Builder:
             identity = Coding(system=SYS_PHARMACY_ORDER, code=pid, display=name)
             source_ref = f"MedicationRequest/pharmacy-{pid}"
         codes = (identity, *drugs)
-        dosage = self._dosage(rx[0] if rx else None, r)
+        dosage = dosage_text(rx[0] if rx else None, r)
         attributes = {"pharmacy_id": pid, "poe_id": poe_id, "hadm_id": r.get("hadm_id") or None,
                       "pharmacy_status": r.get("status") or None, "prescription_rows": len(rx)}
-        final = _PHARMACY_STATUS.get(r.get("status") or "")
+        final = PHARMACY_STATUS.get(r.get("status") or "")
         if start is None:
             raise SourceError(f"pharmacy row {pid} has neither starttime nor entertime")
         ended_by = self.ended_by.get(poe_id or "")
@@ -607,18 +621,6 @@ class _Builder:
         self.emit("pharmacy", f"{pid}:stop", stop, effective_at=start, effective_end=stop, recorded_at=stop,
                   status=final, **common)
 
-    @staticmethod
-    def _dosage(rx: Row | None, ph: Row | None) -> str | None:
-        bits = []
-        if rx and rx.get("dose_val_rx"):
-            bits.append(f"{rx['dose_val_rx']} {rx.get('dose_unit_rx') or ''}".strip())
-        route = (ph or {}).get("route") or (rx or {}).get("route")
-        if route:
-            bits.append(route)
-        if ph and ph.get("frequency"):
-            bits.append(ph["frequency"])
-        return " ".join(bits) or None
-
     def _prescriptions(self, r: Row) -> None:
         # Folded into the pharmacy order of the same pharmacy_id (counted there); only orphans are entries.
         if r.get("pharmacy_id") in self.pharmacy_ids:
@@ -630,7 +632,7 @@ class _Builder:
                   resource_type="MedicationRequest", encounter=self._encounter(r.get("hadm_id")),
                   lifecycle=Lifecycle.INTERVAL, effective_at=start,
                   effective_end=stop if stop and start and stop >= start else None, recorded_at=start,
-                  status="active", codes=tuple(drugs), dosage=self._dosage(r, None),
+                  status="active", codes=tuple(drugs), dosage=dosage_text(r, None),
                   attributes={"pharmacy_id": r.get("pharmacy_id") or None, "poe_id": r.get("poe_id") or None})
 
     def _emar(self, r: Row) -> None:

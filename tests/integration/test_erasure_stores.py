@@ -18,12 +18,12 @@ from stam.erase import (
     Crypto,
     Report,
     _erase_files,
-    _erase_milvus,
     _erase_redis,
     _milvus_dir,
-    _parquet_strings,
+    erase_milvus,
     is_erased,
     mark_erased,
+    parquet_strings,
     redis_keys,
 )
 from stam.stores.base import VectorRow
@@ -100,7 +100,7 @@ def test_milvus_lite_file_mode_delete_leaves_bytes_the_rewrite_removes_them(clie
 
     def holders() -> list[Path]:
         return [p for p in mdir.rglob("*") if p.is_file() and (
-            target.encode() in p.read_bytes() or any(target.encode() in s for s in _parquet_strings(p)))]
+            target.encode() in p.read_bytes() or any(target.encode() in s for s in parquet_strings(p)))]
 
     assert holders(), "the sealed segment holds the id"
     # What a delete and a flush leave (the library's erase_patient): the id is still in a file.
@@ -108,7 +108,7 @@ def test_milvus_lite_file_mode_delete_leaves_bytes_the_rewrite_removes_them(clie
     store.flush()
     assert store.count(target, Store.ACTIVE) == 0 and holders(), "Milvus Lite keeps the deleted rows' bytes"
     report = Report()
-    _erase_milvus(settings, target, client, report)
+    erase_milvus(settings, target, client, report)
     assert "rewritten" in report.steps["milvus"]
     assert holders() == []
     store.close()

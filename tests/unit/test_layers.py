@@ -138,3 +138,27 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
     assert unknown == {}, "imports of a higher layer (move the code, or the import, down)"
     gone = set(KNOWN_UPWARD) - set(upward)
     assert gone == set(), "no longer imported: remove these from KNOWN_UPWARD"
+
+
+def _private_imports(sources: dict[str, str]) -> list[str]:
+    """``from a.b import _name`` in one module of another's private name (a leading underscore, not a dunder)."""
+    found = []
+    for module, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in (*ROOTS, "benchmarks") and node.module != module:
+                found += [f"{module}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    """What two modules share is a public name with a docstring (tests may reach into the module they test)."""
+    paths = {**_modules(), **{".".join(p.relative_to(REPO).with_suffix("").parts): p
+                              for p in (REPO / "benchmarks").rglob("*.py")}}
+    assert _private_imports({m: p.read_text() for m, p in paths.items()}) == []
+
+
+def test_the_private_import_check_finds_one() -> None:
+    assert _private_imports({"stam.a": "from stam.b import _x, y\nfrom stam.a import _z\nfrom os import _exit\n"}) \
+        == ["stam.a: from stam.b import _x"]
