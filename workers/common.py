@@ -39,7 +39,7 @@ from pymilvus.exceptions import MilvusException
 from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.crypto import Sealer
 from stam.errors import Erased, MessageFault, MessageTooLarge, Transient
-from stam.metrics import HOP_WAIT_SECONDS, MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
+from stam.metrics import BACKGROUND_FAILURES, HOP_WAIT_SECONDS, MESSAGES, PARTITION_STALLED, STAGE_BUGS, STAGE_SECONDS
 from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps
 from workers.runtime import Runtime
@@ -107,6 +107,17 @@ def _milvus(exc: MilvusException) -> Fault:
     if isinstance(code, int) and code in _MILVUS_INPUT_CODES:
         return Fault.MESSAGE
     return Fault.BUG
+
+
+def background_failed(task: str, exc: BaseException, delay: float) -> None:
+    """A worker's timer or background task failed and retries in ``delay`` seconds: counted in
+    ``stam_background_failures_total{task,error_type}``; an outage logged at WARNING, anything else (a bug) at
+    ERROR with its traceback."""
+    BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
+    if isinstance(exc, TRANSIENT) or type(exc).__module__.startswith(("aiokafka", "kafka")):
+        log.warning("%s failed (%s); retrying in %.0fs", task, type(exc).__name__, delay)
+    else:
+        log.error("%s failed; retrying in %.0fs", task, delay, exc_info=exc)
 
 
 def raw_value(event: faust.EventT[Any]) -> bytes:
