@@ -4,7 +4,7 @@ Transitions are committed to Redis in an outbox together with the state, then pu
 cleared once the broker confirms delivery (:class:`DeliveredOutboxes`, many per Redis round trip); the update
 agent does not wait for that confirmation before taking the next entry. An outbox left by a crash is
 republished, with the same transition ids, when a worker starts (:class:`Republisher`) or when its entry is
-redelivered.
+redelivered. Every Redis call here runs on the stage thread (``stam.stage_thread``), never on the event loop.
 """
 
 from __future__ import annotations
@@ -110,21 +110,32 @@ class Republisher:
             return
 
     async def republish(self) -> int:
-        """Publish every pending outbox, wait for the broker's confirmation, clear it; how many were. An outbox
-        holding a transition over the broker's message limit can never be published: it is left in Redis
-        (logged), not retried at every start."""
-        runtime = self.runtime
-        states = runtime.deps.states
+        """Publish every pending outbox, wait for the broker's confirmation, clear it; how many were. Reading,
+        sealing and clearing run on the stage thread. An outbox holding a transition over the broker's message
+        limit can never be published: it is left in Redis (logged), not retried at every start."""
+        loop = asyncio.get_running_loop()
+        transitions = self.runtime.topics.transitions
         count = 0
-        for patient_id, entry_id, raw in states.pending_outboxes():
+        for patient_id, entry_id, raw in await loop.run_in_executor(STAGE_THREAD, self._pending):
             try:
-                sealed = [seal(runtime.sealer, patient_id, t) for t in decode_outbox(raw)]
-                runtime.sealer.durable()
-                futures = [await send_bytes(runtime.topics.transitions, k, v, what="transition") for k, v in sealed]
+                sealed = await loop.run_in_executor(STAGE_THREAD, self._sealed, patient_id, raw)
+                futures = [await send_bytes(transitions, k, v, what="transition") for k, v in sealed]
             except MessageTooLarge:  # cannot ever be published: kept in Redis, not retried at every start
                 log.error("an outbox holds a transition over the broker's message limit; left in Redis")
                 continue
             await asyncio.gather(*futures)
-            states.clear_outbox(patient_id, entry_id)
+            await loop.run_in_executor(STAGE_THREAD, self._clear, patient_id, entry_id)
             count += 1
         return count
+
+    def _pending(self) -> list[tuple[str, str, bytes]]:
+        return self.runtime.deps.states.pending_outboxes()
+
+    def _sealed(self, patient_id: str, raw: bytes) -> list[tuple[bytes, bytes]]:
+        sealer = self.runtime.sealer
+        sealed = [seal(sealer, patient_id, t) for t in decode_outbox(raw)]
+        sealer.durable()  # a key made just now is on Redis's disk before anything sealed under it leaves
+        return sealed
+
+    def _clear(self, patient_id: str, entry_id: str) -> None:
+        self.runtime.deps.states.clear_outbox(patient_id, entry_id)
