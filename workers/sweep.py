@@ -14,6 +14,7 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from stam.deletion.gate import Gate
 from stam.deletion.sweep import orders, scan
+from stam.stage_thread import STAGE_THREAD
 from workers.common import background_failed, seal, send_bytes
 from workers.runtime import Runtime
 
@@ -57,10 +58,10 @@ class ScheduledSweep:
         return sealed, sum(len(o.memory_ids) for o in made)
 
     async def scheduled_sweep(self) -> None:
-        """The deletion gate on a schedule: orders for this worker's patients, applied by the update worker's delete
-        agent."""
+        """The deletion gate on a schedule: orders for this worker's patients (swept on the stage thread, never on
+        the event loop), applied by the update worker's delete agent."""
         try:
-            sealed, memories = await asyncio.get_running_loop().run_in_executor(None, self.sweep_orders)
+            sealed, memories = await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, self.sweep_orders)
             for key, value in sealed:
                 await send_bytes(self.runtime.topics.deletions, key, value, what="DeletionOrder")
         except Exception as exc:  # noqa: BLE001 - the next round tries again; a bug is logged and alerted
