@@ -291,6 +291,15 @@ def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
                          state_version=state.version)
 
 
+def deferred_to_update(items: Sequence[ExtractedEntry]) -> list[ImpactedEntry]:
+    """Extracted entries handed straight to :func:`update_batch` (the one-hop write path, ``stam worker --stages
+    fused``): their linking and impact retrieval are done there, each on the working copy of its patient's state
+    with every earlier entry of the batch applied, the way the update stage redoes an entry whose link and impact
+    went stale. The version is not read (a deferred entry's is never compared)."""
+    return [ImpactedEntry(entry=x.entry, memories=x.memories, relations=(), candidates={}, state_version=0,
+                          deferred=True) for x in items]
+
+
 # --- update ----------------------------------------------------------------------------------------
 
 def decode_outbox(raw: bytes) -> list[TransitionEvent]:

@@ -5,6 +5,7 @@ its memories; an entry that fails verification is dead-lettered with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -29,8 +30,9 @@ def _extract(items: list[VerifiedEntry], deps: Deps) -> list[ExtractedEntry]:
     return extract_signed_batch([(x.entry, x.source_system) for x in items], deps)
 
 
-def register(app: faust.App, runtime: Runtime) -> Any:
-    topics = runtime.topics
+def verifier(runtime: Runtime) -> Callable[[faust.EventT[Any], bytes], VerifiedEntry]:
+    """The parse of an entries-topic message: its source signature verified against the deployment's keys (an
+    entry that fails raises, and is dead-lettered with the reason)."""
     keys = source_keys(runtime.settings)
 
     def verified(event: faust.EventT[Any], value: bytes) -> VerifiedEntry:
@@ -38,9 +40,15 @@ def register(app: faust.App, runtime: Runtime) -> Any:
         source = keys.verify(event.message.headers, value)
         return VerifiedEntry(entry=RecordEntry.model_validate_json(value), source_system=source)
 
+    return verified
+
+
+def register(app: faust.App, runtime: Runtime) -> Any:
+    topics = runtime.topics
+
     @app.agent(topics.entries, name="stam.extract")
     async def extract(stream: faust.StreamT[Any]) -> None:
         await forward_batches(stream, stage="extract", model=VerifiedEntry, fn=_extract, runtime=runtime,
-                              dest=topics.extracted, parse=verified)
+                              dest=topics.extracted, parse=verifier(runtime))
 
     return extract

@@ -31,6 +31,9 @@ log = logging.getLogger("stam.workers")
 
 STAGES = {"extract": extract, "link": link, "impact": impact, "update": update}
 """The write path's stages, in the order entries flow through them."""
+FUSED = "fused"
+"""``--stages fused``: the whole write path in one agent, entries topic to transitions topic in one hop
+(``workers.update.register(fused=True)``)."""
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:
@@ -39,18 +42,25 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     if text is None or text.strip() in ("", "all"):
         return tuple(STAGES)
     asked = [s.strip().lower() for s in text.split(",") if s.strip()]
+    if FUSED in asked:
+        if len(set(asked)) > 1:
+            raise UnknownStage("--stages fused runs the whole write path in one agent: it takes no other stage")
+        return (FUSED,)
     unknown = [s for s in asked if s not in STAGES]
     if unknown or not asked:
         raise UnknownStage(f"unknown stage{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                           f"--stages takes a comma-separated subset of {','.join(STAGES)}")
+                           f"--stages takes a comma-separated subset of {','.join(STAGES)}, or {FUSED}")
     return tuple(s for s in STAGES if s in asked)
 
 
 def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[faust.App, Runtime]:
     app, topics = create_app(settings)
     runtime = Runtime(settings=settings, topics=topics)
-    for name in stages:
-        STAGES[name].register(app, runtime)
+    if stages == (FUSED,):
+        update.register(app, runtime, fused=True)
+    else:
+        for name in stages:
+            STAGES[name].register(app, runtime)
 
     @app.task
     async def _warm() -> None:
@@ -67,7 +77,7 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
         log.info("write-path worker ready (stores and embedding model loaded; stages %s, consumer group %s)",
                  ",".join(stages), settings.app_id)
 
-    if settings.milvus_flush_s > 0 and "update" in stages:  # the update stage writes Milvus
+    if settings.milvus_flush_s > 0 and {"update", FUSED} & set(stages):  # the update stage writes Milvus
         @app.timer(interval=settings.milvus_flush_s)
         async def _seal_segments() -> None:
             # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast. Only what this

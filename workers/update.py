@@ -28,8 +28,9 @@ from schemas import DeletionOrder, ImpactedEntry
 from stam.errors import MessageTooLarge, StateRolledBack
 from stam.metrics import ARCHIVE_REFUSED, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
 from stam.stage_thread import STAGE_THREAD
-from stam.stages import Deps, UpdateResult, delete_batch, update_batch
+from stam.stages import Deps, UpdateResult, deferred_to_update, delete_batch, extract_signed_batch, update_batch
 from workers.common import OUTPUT_LIMIT, background_failed, run_batch, seal, send_bytes
+from workers.extract import VerifiedEntry, verifier
 from workers.outbox import DeliveredOutboxes, Republisher
 from workers.runtime import Runtime
 from workers.sweep import ScheduledSweep
@@ -63,6 +64,12 @@ class Applier:
         results = self.recovering(update_batch, items, deps)
         return self._sealed(results, [(item.entry.patient_id, item.entry.entry_id) for item in items])
 
+    def apply_entries(self, items: list[VerifiedEntry], deps: Deps) -> list[Done]:
+        """The one-hop write path: extract the entries, then apply them, linking and impact done by the update
+        (:func:`stam.stages.deferred_to_update`)."""
+        extracted = extract_signed_batch([(x.entry, x.source_system) for x in items], deps)
+        return self.apply(deferred_to_update(extracted), deps)
+
     def apply_deletions(self, orders: list[DeletionOrder], deps: Deps) -> list[Done]:
         results = self.recovering(delete_batch, orders, deps)
         for r in results:  # the state moved since the sweep: counted by why, never with ids
@@ -83,13 +90,16 @@ class Publisher:
     """Hands each applied entry or order on, on the event loop: its transitions to the transitions topic (their
     outbox cleared once delivered), the metrics, and the gap closed of an entry that was already applied."""
 
-    def __init__(self, runtime: Runtime, outboxes: DeliveredOutboxes) -> None:
+    def __init__(self, runtime: Runtime, outboxes: DeliveredOutboxes, *, count_redone: bool = True) -> None:
         self.runtime = runtime
         self.outboxes = outboxes
+        self.count_redone = count_redone
+        """``stam_update_redone_total``: the link and impact work of another stage that went stale (the one-hop
+        path has no such stage: it links once, at the update)."""
 
     async def publish(self, event: faust.EventT[Any], done: Done) -> None:
         out, sealed, ids = done
-        if out.redone:
+        if out.redone and self.count_redone:
             REDONE.inc()
         if out.duplicate:
             MESSAGES.labels(stage="update", outcome="duplicate").inc()
@@ -152,22 +162,28 @@ async def watch_state_store(runtime: Runtime) -> None:
 
 
 async def apply_batches(stream: faust.StreamT[Any], runtime: Runtime, stage: str, model: type[M],
-                        fn: Callable[[list[M], Deps], list[Done]], publisher: Publisher) -> None:
+                        fn: Callable[[list[M], Deps], list[Done]], publisher: Publisher,
+                        parse: Callable[[faust.EventT[Any], bytes], M] | None = None) -> None:
     """An agent's loop: batches of whatever is waiting (up to update_batch, at most 20 ms apart), one Milvus
     upsert per patient and one Redis transaction per batch instead of per entry, each applied once the store
     is checked (:func:`ready`) and its results published."""
     async for events in stream.take_batches(  # type: ignore[attr-defined]  # topology.batching.Stream
             runtime.settings.update_batch, within=0.02):
         await ready(runtime)
-        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=publisher.publish)
+        await run_batch(events, stage=stage, model=model, fn=fn, runtime=runtime, on_result=publisher.publish,
+                        parse=parse)
 
 
-def register(app: faust.App, runtime: Runtime) -> Any:
+def register(app: faust.App, runtime: Runtime, *, fused: bool = False) -> Any:
     """The update worker's agents (update; delete: the deletion gate's orders), its tasks (delivered outboxes
     cleared, undelivered ones republished at start) and timers (the state-store watch, the scheduled deletion
-    sweep when configured) on ``app``; returns the update agent."""
+    sweep when configured) on ``app``; returns the update agent.
+
+    ``fused``: the one-hop write path (``stam worker --stages fused``). The update agent reads the entries topic
+    and extracts, links, finds the impact and applies in one stage call (:meth:`Applier.apply_entries`); the
+    extracted, linked and impacted topics are not used."""
     outboxes = DeliveredOutboxes(runtime)
-    applier, publisher = Applier(runtime), Publisher(runtime, outboxes)
+    applier, publisher = Applier(runtime), Publisher(runtime, outboxes, count_redone=not fused)
     app.task(outboxes.clear_delivered_outboxes)
     app.task(Republisher(runtime).republish_pending)
 
@@ -175,9 +191,16 @@ def register(app: faust.App, runtime: Runtime) -> Any:
     async def state_watch() -> None:
         await watch_state_store(runtime)
 
-    @app.agent(runtime.topics.impacted, name="stam.update")
-    async def update(stream: faust.StreamT[Any]) -> None:
-        await apply_batches(stream, runtime, "update", ImpactedEntry, applier.apply, publisher)
+    if fused:
+        parse = verifier(runtime)
+
+        @app.agent(runtime.topics.entries, name="stam.fused")
+        async def update(stream: faust.StreamT[Any]) -> None:
+            await apply_batches(stream, runtime, "fused", VerifiedEntry, applier.apply_entries, publisher, parse)
+    else:
+        @app.agent(runtime.topics.impacted, name="stam.update")
+        async def update(stream: faust.StreamT[Any]) -> None:
+            await apply_batches(stream, runtime, "update", ImpactedEntry, applier.apply, publisher)
 
     sweep = ScheduledSweep.configured(app, runtime)
     if sweep is not None:

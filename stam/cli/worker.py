@@ -34,5 +34,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "STAM_METRICS_HOST:STAM_METRICS_PORT. A port already taken stops it with one line (exit 2).")
     p.add_argument("--loglevel", default="info", help="debug, info, warning, error or critical (default: info)")
     p.add_argument("--stages", default=None, help="comma-separated subset of extract,link,impact,update (default: "
-                   "all); give each stage group its own consumer group with STAM_APP_ID")
+                   "all); give each stage group its own consumer group with STAM_APP_ID. fused: the whole write "
+                   "path in one agent, from the entries topic to the transitions topic in one hop")
     p.set_defaults(fn=cmd_worker)

@@ -210,3 +210,63 @@ async def test_link_impact_update_agents_apply_each_entry_once_in_order(
         await ctx.put(value, key=key, wait=True)
     assert deps.states.version(pid) == len(entries)
     assert deps.states.load(pid).counts()["active"] == memories - ended
+
+
+async def _all_transitions(h: Harness, agent: Any, items: list[Any], last_entry: str) -> list[TransitionEvent]:
+    """Every transition ``agent`` publishes for ``items``: read until the last entry's, then until none comes for
+    a while (an entry's transitions are sent together)."""
+    out: list[TransitionEvent] = []
+    async with agent.test_context() as ctx:
+        for item in items:
+            key, value = h.sealed(item)
+            await ctx.put(value, key=key, wait=False)
+        while not out or out[-1].entry_id != last_entry:
+            out += [TransitionEvent.model_validate_json(h.sealer.open(ev.value)) for ev in await h.take("transitions", 1)]
+        while True:
+            try:
+                ev = (await h.take("transitions", 1, timeout=2.0))[0]
+            except TimeoutError:
+                return out
+            out.append(TransitionEvent.model_validate_json(h.sealer.open(ev.value)))
+
+
+async def test_the_fused_agent_applies_what_the_four_stages_apply(tmp_path: Path) -> None:
+    """``stam worker --stages fused``: one agent from the entries topic to the transitions topic gives the same
+    transitions and the same state as extract, link, impact and update through their topics, on a record whose
+    later entries replace earlier ones."""
+    need_data()
+    from stam.sources.fhir_r4 import load_bundle
+
+    entries = load_bundle(SMALL_BUNDLE).entries[:40]
+    (tmp_path / "apart").mkdir()
+    (tmp_path / "fused").mkdir()
+    apart, fused = Harness(tmp_path / "apart"), Harness(tmp_path / "fused")
+    try:
+        for h in (apart, fused):
+            h.use_real_state()
+            h.runtime.durability = create_autospec(Durability, instance=True)
+        extracted = [extract_stage(e, apart.runtime.deps) for e in entries]
+        linked = [LinkedEntry.model_validate_json(apart.sealer.open(ev.value)) for ev in
+                  await _through(apart, link.register(apart.app, apart.runtime), extracted, "linked")]
+        impacted = [ImpactedEntry.model_validate_json(apart.sealer.open(ev.value)) for ev in
+                    await _through(apart, impact.register(apart.app, apart.runtime), linked, "impacted")]
+        last = entries[-1].entry_id
+        by_stages = await _all_transitions(apart, update.register(apart.app, apart.runtime), impacted, last)
+        in_one = await _all_transitions(fused, update.register(fused.app, fused.runtime, fused=True), entries, last)
+        assert fused.read["extracted"].empty() and fused.read["impacted"].empty()  # one hop: nothing in between
+
+        def what(events: list[TransitionEvent]) -> list[tuple[Any, ...]]:
+            return [(t.entry_id, t.kind, t.memory_id, t.to_store, t.reason, t.state_version, t.successor_id)
+                    for t in events]
+
+        assert what(in_one) == what(by_stages)
+        assert {t.kind.value for t in by_stages} > {"added"}  # not only additions: later entries replaced some
+        pid = entries[0].patient_id
+        a, f = apart.runtime.deps.states.load(pid), fused.runtime.deps.states.load(pid)
+        assert f.version == a.version == len(entries)
+        assert {m: (s.store, s.reason) for m, s in f.memories.items()} == \
+            {m: (s.store, s.reason) for m, s in a.memories.items()}
+        assert fused.read["dead_letters"].empty() and apart.read["dead_letters"].empty()
+    finally:
+        apart.client.shutdown(nosave=True)
+        fused.client.shutdown(nosave=True)

@@ -233,13 +233,17 @@ def test_stages_parsing() -> None:
         parse_stages("a,b")
     with pytest.raises(UnknownStage):
         parse_stages(",")
+    assert parse_stages("fused") == parse_stages(" FUSED,fused") == ("fused",)
+    with pytest.raises(UnknownStage, match="--stages fused runs the whole write path in one agent"):
+        parse_stages("fused,update")
 
 
 def test_unknown_stage_is_one_line(tmp_path: Path) -> None:
     res = _stam("worker", "--stages", "extract,linker", STAM_HOME=str(tmp_path))
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "stam worker: unknown stage 'linker'; --stages takes a comma-separated subset of extract,link,impact,update"]
+        "stam worker: unknown stage 'linker'; --stages takes a comma-separated subset of extract,link,impact,update, "
+        "or fused"]
 
 
 def test_a_subset_registers_only_its_agents() -> None:
@@ -252,6 +256,9 @@ def test_a_subset_registers_only_its_agents() -> None:
     assert sorted(app.agents) == ["stam.delete", "stam.extract", "stam.impact", "stam.link", "stam.update"]
     app, _ = build(Settings(web_port=0), ("update",))
     assert sorted(app.agents) == ["stam.delete", "stam.update"]
+    app, _ = build(Settings(web_port=0), ("fused",))  # one agent from the entries topic, and the deletions'
+    assert sorted(app.agents) == ["stam.delete", "stam.fused"]
+    assert app.agents["stam.fused"].channel.get_topic_name().endswith("entries.v1")
 
 
 def test_web_binds_to_the_configured_host() -> None:
