@@ -30,8 +30,12 @@ spent (the stack's, the workers', this driver's; per entry too). ``cpu_bound_rat
 over the write path's: where both runs keep every core busy, it is the ratio the write path's own work leaves room
 for on this machine. Prints JSON on stdout.
 
+``--stages all fused`` measures both write paths in the same run: the four stages over their topics (``all``, the
+default) and the one-hop path (``stam worker --stages fused``), whose keys end in ``_fused``; the fixed-rate runs
+of both at the same rate.
+
 Usage: python -m benchmarks.hospital_feed [--entries 20000] [--warmup 2000] [--rate R] [--runs one two rate floor]
-       [--cold-vocabulary]
+       [--stages all fused] [--cold-vocabulary]
 """
 
 from __future__ import annotations
@@ -106,10 +110,11 @@ def load_feed(subjects: Sequence[str] | None) -> list[Any]:
 # --- the stack with N workers -------------------------------------------------------------------------------
 
 @contextmanager
-def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[subprocess.Popen[bytes], int]],
-                                                             dict[str, int]]]:
-    """The embedded stack in ``home`` with topics and ``n`` write-path worker processes (one consumer group);
-    yields the settings, the workers with their metrics ports, and the stack's process ids by name."""
+def stack_with_workers(home: Path, n: int, stages: str = "all") -> Iterator[
+        tuple[Any, list[tuple[subprocess.Popen[bytes], int]], dict[str, int]]]:
+    """The embedded stack in ``home`` with topics and ``n`` write-path worker processes (one consumer group, each
+    ``stam worker --stages stages``); yields the settings, the workers with their metrics ports, and the stack's
+    process ids by name."""
     from stam import stack
     from stam.config import Settings
     from topology.admin import ensure_topics
@@ -128,7 +133,8 @@ def stack_with_workers(home: Path, n: int) -> Iterator[tuple[Any, list[tuple[sub
                        STAM_METRICS_PORT=str(port))
             log = open(home / f"worker-{i}.log", "wb")  # noqa: SIM115 - closed below
             logs.append(log)
-            workers.append((subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
+            workers.append((subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning",
+                                              "--stages", stages],
                                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT), port))
         yield settings, workers, {name: p.pid for name, p in info.processes.items()}
     finally:
@@ -223,7 +229,7 @@ async def _follow(settings: Any, want: set[str], state: dict[str, Any],
 
 
 _DONE = re.compile(r'^stam_messages_total\{outcome="ok",stage="(\w+)"\} (\S+)', re.M)
-STAGES = ("extract", "link", "impact", "update")
+STAGES = ("extract", "link", "impact", "update", "fused")
 
 
 def stage_counts(ports: Sequence[int]) -> list[int]:
@@ -292,7 +298,7 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
                         "series_t_sent_done": lag[::step]},
         # Where the entries are: how many each stage has handed on by then (a stage far behind the one before
         # it is where the backlog sits).
-        "stages_series_t_extract_link_impact_update": per_stage[::max(1, len(per_stage) // 60)],
+        "stages_series_t_extract_link_impact_update_fused": per_stage[::max(1, len(per_stage) // 60)],
     }
 
 
@@ -322,8 +328,8 @@ class Vocabulary:
 
 
 def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | None, quiet_s: float,
-        vocabulary: Vocabulary | None = None) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="stam-feed-") as tmp, stack_with_workers(Path(tmp), workers) as (
+        vocabulary: Vocabulary | None = None, write_path: str = "all") -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="stam-feed-") as tmp, stack_with_workers(Path(tmp), workers, write_path) as (
             settings, procs, stack_pids):
         ports = [p for _, p in procs]
         t0 = time.monotonic()
@@ -341,9 +347,9 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         spent = cpu.report(result["applied"])
         after = scrape(ports)
         stages = stage_quantiles(before, after)
-        updated = stages.get("update", {}).get("n", 0)
+        updated = stages.get("update", stages.get("fused", {})).get("n", 0)
         redo = after["stale_redo"] - before["stale_redo"]
-        return {"workers": workers, "warmup": warmup, **result, "stages": stages,
+        return {"workers": workers, "write_path": write_path, "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
                 "worker_peak_rss_mb": [vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
@@ -364,6 +370,9 @@ def main() -> None:
     parser.add_argument("--subjects", default=None, help="comma-separated subject ids (default: all 100)")
     parser.add_argument("--runs", nargs="+", choices=["one", "two", "rate", "floor"],
                         default=["one", "two", "rate", "floor"])
+    parser.add_argument("--stages", nargs="+", default=["all"], choices=["all", "fused"],
+                        help="the workers' write path, each measured in this run: all (the four stages over their "
+                             "topics) and/or fused (one agent, one hop); a fused run's keys end in _fused")
     parser.add_argument("--quiet", type=float, default=180, help="give up after this many seconds without progress")
     parser.add_argument("--cold-vocabulary", action="store_true",
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
@@ -387,16 +396,23 @@ def main() -> None:
         report["vocabulary"] = {"concept_texts": len(vocabulary.texts), "embed_seconds": vocabulary.seconds}
     else:
         report["vocabulary"] = "cold"
-    one = None
-    if "one" in args.runs:
-        one = report["one_worker"] = run(feed, warm, 1, None, args.quiet, vocabulary)
-    if "two" in args.runs:
-        report["two_workers"] = run(feed, warm, 2, None, args.quiet, vocabulary)
-    if "rate" in args.runs:
-        rate = args.rate or (round(0.8 * one["entries_per_s"], 1) if one and one["entries_per_s"] else None)
+    ones: dict[str, Any] = {}
+    for stages in args.stages:
+        tail = "" if stages == "all" else f"_{stages}"
+        if "one" in args.runs:
+            ones[stages] = report[f"one_worker{tail}"] = run(feed, warm, 1, None, args.quiet, vocabulary, stages)
+        if "two" in args.runs:
+            report[f"two_workers{tail}"] = run(feed, warm, 2, None, args.quiet, vocabulary, stages)
+    for stages in args.stages:  # at one rate for every write path: the first one's 80% unless --rate
+        if "rate" not in args.runs:
+            break
+        first = ones.get(args.stages[0])
+        rate = args.rate or (round(0.8 * first["entries_per_s"], 1) if first and first["entries_per_s"] else None)
         if rate is None:
             sys.exit("--rate is needed when the one-worker run is not part of this run")
-        report["one_worker_at_rate"] = run(feed, warm, 1, rate, args.quiet, vocabulary)
+        tail = "" if stages == "all" else f"_{stages}"
+        report[f"one_worker_at_rate{tail}"] = run(feed, warm, 1, rate, args.quiet, vocabulary, stages)
+    one = ones.get(args.stages[0])
     if "floor" in args.runs:
         from schemas import ImpactedEntry
         from stam.reasoning.coded import CodedReasoner
@@ -407,15 +423,19 @@ def main() -> None:
                                    state_version=0).model_dump_json()) for e in sample]
         fanout = max(1, round(one["transitions"] / one["applied"])) if one and one.get("applied") else 2
         report["faust_floor"] = floor(len(feed), int(np.mean(sizes)), fanout)
-        if one and one.get("entries_per_s"):
-            report["write_path_floor_ratio"] = round(one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
+        for stages, run_one in ones.items():
+            if not run_one.get("entries_per_s"):
+                continue
+            tail = "" if stages == "all" else f"_{stages}"
+            report[f"write_path_floor_ratio{tail}"] = round(
+                run_one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
             # Where both runs keep every core busy (their cpu.cores_busy ~ cores), entries/s ~ cores / CPU per entry,
             # and the ratio of the CPU per entry is the best ratio this machine allows the write path: what its own
             # work (embedding, state, stores) costs on top of the hops.
             floor_ms = report["faust_floor"].get("cpu", {}).get("cpu_ms_per_entry_total")
-            write_ms = one.get("cpu", {}).get("cpu_ms_per_entry_total")
+            write_ms = run_one.get("cpu", {}).get("cpu_ms_per_entry_total")
             if floor_ms and write_ms:
-                report["cpu_bound_ratio"] = round(floor_ms / write_ms, 3)
+                report[f"cpu_bound_ratio{tail}"] = round(floor_ms / write_ms, 3)
     print(json.dumps(stamp(report), indent=1))
 
 
