@@ -218,15 +218,15 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 async def run() -> float:
                     await _publish_at(settings, warm, None, {})  # not measured: the worker loads, joins, applies
-                    from tests.integration.broker import _collect
+                    from tests.integration.broker import collect_outputs
 
-                    await _collect(settings, {warm[-1].entry_id}, timeout=1200)
+                    await collect_outputs(settings, {warm[-1].entry_id}, timeout=1200)
                     await receiver.start()
                     specs = [(f"{t}-{v}", t, v, "full-resource", True) for t in TOPICS for v in VERSIONS]
                     await _subscribe(base, receiver, specs)  # type: ignore[arg-type]
                     t0 = time.monotonic()
                     await _publish_at(settings, feed, args.rate, sent)
-                    await _collect(settings, {feed[-1].entry_id}, timeout=1800)
+                    await collect_outputs(settings, {feed[-1].entry_id}, timeout=1800)
                     last = -1
                     while len(receiver.got) != last:  # until the notifications stop coming
                         last = len(receiver.got)

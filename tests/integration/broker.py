@@ -40,7 +40,9 @@ async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] =
         await pub.send_entries(entries, PublishSummary())
 
 
-async def _collect(settings: Any, want_entries: set[str], timeout: float) -> tuple[list[dict], list[dict]]:
+async def collect_outputs(settings: Any, want_entries: set[str], timeout: float) -> tuple[list[dict], list[dict]]:
+    """The transitions and dead letters on the stack's topics (from the start), opened, read until every entry in
+    ``want_entries`` has a transition or ``timeout`` seconds pass."""
     consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix),
                                 t.DEAD_LETTERS.name(settings.topic_prefix),
                                 bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest",

@@ -25,7 +25,7 @@ from stam.stores.milvus import MilvusVectorStore
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import REPO, SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _publish, collect_outputs
 from tests.integration.deletion_gate import observation_gate
 
 pytestmark = pytest.mark.integration
@@ -42,7 +42,7 @@ def test_a_sweep_deletes_through_the_update_stage_and_the_log_rebuilds_it(
         stack_settings: Any, worker: Any, small_bundle: Any, embedder: Embedder, tmp_path: Path) -> None:
     s = stack_settings
     asyncio.run(_publish(s, small_bundle.entries))
-    asyncio.run(_collect(s, {e.entry_id for e in small_bundle.entries}, timeout=420))
+    asyncio.run(collect_outputs(s, {e.entry_id for e in small_bundle.entries}, timeout=420))
     states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
     before = states.load(SMALL_PATIENT)
     observation_gate(before, embedder, "test-gate", tmp_path / "gate")

@@ -25,7 +25,7 @@ from stam.stages import process_entry
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _publish, collect_outputs
 from tests.integration.conftest import _free_port, _stam_process
 from tests.integration.deletion_gate import observation_gate
 
@@ -57,7 +57,7 @@ def test_the_worker_sweeps_on_its_schedule(stack_settings: Any, sweeping_worker:
                                            gate_dir: Path, embedder: Embedder) -> None:
     s = stack_settings
     asyncio.run(_publish(s, small_bundle.entries))
-    asyncio.run(_collect(s, {e.entry_id for e in small_bundle.entries}, timeout=420))
+    asyncio.run(collect_outputs(s, {e.entry_id for e in small_bundle.entries}, timeout=420))
     states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
     deadline = time.monotonic() + 240
     while True:  # the next sweep finds nothing left to delete once the orders are applied

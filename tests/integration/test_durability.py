@@ -28,7 +28,7 @@ from stam.recovery import read_checkpoint, read_log
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _publish, collect_outputs
 from tests.integration.conftest import _free_port, _stam_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # stores rebuilt from the log on disk
@@ -81,12 +81,12 @@ def test_a_redis_crash_that_loses_writes_is_rebuilt_from_the_log(stack_settings:
     with _stam_process(s, "worker", "worker-durability.log", STAM_METRICS_PORT=str(metrics_port),
                        STAM_STATE_WATCH_S="2"):
         asyncio.run(_publish(s, first))
-        asyncio.run(_collect(s, {e.entry_id for e in first}, timeout=240))
+        asyncio.run(collect_outputs(s, {e.entry_id for e in first}, timeout=240))
         client.config_set("appendonly", "no")  # from here on, writes are lost by a crash
         client.save()  # the snapshot Redis will come back with: the first part only
         ver_saved, _ = _stored(client, SMALL_PATIENT)
         asyncio.run(_publish(s, second))
-        transitions, _ = asyncio.run(_collect(s, {e.entry_id for e in small_bundle.entries}, timeout=240))
+        transitions, _ = asyncio.run(collect_outputs(s, {e.entry_id for e in small_bundle.entries}, timeout=240))
         assert {e.entry_id for e in small_bundle.entries} <= {t["entry_id"] for t in transitions}
         ver_full, before = _stored(client, SMALL_PATIENT)
         assert ver_full > ver_saved
@@ -157,14 +157,14 @@ def test_a_milvus_outage_does_not_kill_the_worker(stack_settings: Any, tmp_path:
     early, late = bundle.entries[:30], bundle.entries[30:]
     with _stam_process(s, "worker", "worker-milvus.log", STAM_MILVUS_FLUSH_S="1") as proc:
         asyncio.run(_publish(s, early))
-        asyncio.run(_collect(s, {e.entry_id for e in early}, timeout=240))
+        asyncio.run(collect_outputs(s, {e.entry_id for e in early}, timeout=240))
         _kill(_pid(s.home, "milvus"))
         time.sleep(8.0)
         assert proc.poll() is None, "the worker died while Milvus was down"
         pid = stack.up(s.home).pids["milvus"]
         assert proc.poll() is None, "the worker died while Milvus was down"
         asyncio.run(_publish(s, late))
-        transitions, letters = asyncio.run(_collect(s, {e.entry_id for e in bundle.entries}, timeout=300))
+        transitions, letters = asyncio.run(collect_outputs(s, {e.entry_id for e in bundle.entries}, timeout=300))
         assert proc.poll() is None
         assert Path(f"/proc/{pid}").exists()
     missing = {e.entry_id for e in bundle.entries} - {t["entry_id"] for t in transitions}
@@ -244,11 +244,11 @@ def test_the_fsync_window_holds_back_offset_commits_not_consumption(stack_settin
     with _stam_process(s, "worker", "worker-fsync-window.log", STAM_METRICS_PORT=str(_free_port()),
                        STAM_REDIS_FSYNC_WINDOW_S="120") as proc:
         asyncio.run(_publish(s, entries[:1]))  # the worker joins and checks the store; its commits start waiting
-        first, _ = asyncio.run(_collect(s, {entries[0].entry_id}, timeout=180))
+        first, _ = asyncio.run(collect_outputs(s, {entries[0].entry_id}, timeout=180))
         assert entries[0].entry_id in {t["entry_id"] for t in first}, _said(s.home / "worker-fsync-window.log")
         started = time.monotonic()
         asyncio.run(_publish(s, entries[1:]))
-        transitions, _ = asyncio.run(_collect(s, {e.entry_id for e in entries}, timeout=90))
+        transitions, _ = asyncio.run(collect_outputs(s, {e.entry_id for e in entries}, timeout=90))
         waited = time.monotonic() - started
         assert proc.poll() is None
         missing = {e.entry_id for e in entries} - {t["entry_id"] for t in transitions}

@@ -28,7 +28,7 @@ from stam.fhir.subscriptions import BACKPORT
 from stam.fhir.topics import TOPICS
 from stam.fhir.validate import check_notification
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _publish, collect_outputs
 from tests.integration.conftest import _free_port, _stam_process
 from tests.integration.fhir_receiver import Receiver
 
@@ -119,7 +119,7 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
             return resp.status, await resp.json(content_type=None)
 
     async def until_applied(part: list[Any]) -> list[dict[str, Any]]:
-        transitions, _ = await _collect(s, {e.entry_id for e in part}, timeout=420)
+        transitions, _ = await collect_outputs(s, {e.entry_id for e in part}, timeout=420)
         assert {e.entry_id for e in part} <= {t["entry_id"] for t in transitions}, "the worker did not apply them"
         return transitions
 
@@ -308,7 +308,7 @@ def test_nothing_is_sent_for_a_patient_erased_while_their_events_waited(
             sub = await rest(session, "POST", "/Subscription", r5("fact-superseded", receiver.url("f", tls=False),
                                                                   "id-only", patient=f"Patient/{SMALL_PATIENT}"))
             await _publish(s, later)
-            await _collect(s, {e.entry_id for e in later}, timeout=300)
+            await collect_outputs(s, {e.entry_id for e in later}, timeout=300)
             deadline = time.monotonic() + 120
             while True:
                 st = (await rest(session, "GET", f"/Subscription/{sub['id']}/$status"))["entry"][0]["resource"]

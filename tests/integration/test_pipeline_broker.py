@@ -18,7 +18,7 @@ from schemas import Reason, Store
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _dead_letters, _publish, opened
+from tests.integration.broker import _dead_letters, _publish, collect_outputs, opened
 from topology import topics as t
 from topology.admin import bootstrap
 
@@ -30,7 +30,7 @@ def test_bundle_through_broker(stack_settings: Any, worker: Any, small_bundle: A
     entries = small_bundle.entries
     garbage = b'{"patient_id": "x", "entry_id": "broken", "source": "test"'  # truncated JSON
     asyncio.run(_publish(s, entries, raw=[garbage]))
-    transitions, letters = asyncio.run(_collect(s, {e.entry_id for e in entries}, timeout=420))
+    transitions, letters = asyncio.run(collect_outputs(s, {e.entry_id for e in entries}, timeout=420))
     assert worker.poll() is None, (s.home / "worker.log").read_text()[-3000:]
     assert {e.entry_id for e in entries} <= {x["entry_id"] for x in transitions}
 
@@ -53,7 +53,7 @@ def test_bundle_through_broker(stack_settings: Any, worker: Any, small_bundle: A
     # entry that moves the state (same key, same partition, so it is processed after the replay).
     sentinel = entries[-1].model_copy(update={"entry_id": entries[-1].entry_id + ":sentinel"})
     asyncio.run(_publish(s, [*entries, sentinel]))
-    again, _ = asyncio.run(_collect(s, {sentinel.entry_id}, timeout=300))
+    again, _ = asyncio.run(collect_outputs(s, {sentinel.entry_id}, timeout=300))
     new = [x for x in again if x["entry_id"] not in {y["entry_id"] for y in transitions}]
     assert {x["entry_id"] for x in new} == {sentinel.entry_id}
     after = states.load(SMALL_PATIENT)

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import SMALL_PATIENT, need_data
-from tests.integration.broker import _collect
+from tests.integration.broker import collect_outputs
 from tests.integration.conftest import QUERY_TOKEN, _free_port, _stam_process
 
 pytestmark = pytest.mark.integration
@@ -230,7 +230,7 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
             await pub.send_entries([warm], PublishSummary())
 
     asyncio.run(warm_up())
-    asyncio.run(_collect(s, {warm.entry_id}, timeout=300))
+    asyncio.run(collect_outputs(s, {warm.entry_id}, timeout=300))
     _wait("the warm-up entry's stage timings scraped", lambda: prom.instant(
         'count(stam_stage_seconds_bucket{stage="update"})') != [], 60, *logs)
     time.sleep(2)  # a scrape or two more of the same counts
@@ -263,7 +263,7 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
         asked.append(_ask(ports["query_web"], "What are the current conditions?")[0])
         time.sleep(0.5)
     sender.join()
-    transitions, _ = asyncio.run(_collect(s, want, timeout=600))
+    transitions, _ = asyncio.run(collect_outputs(s, want, timeout=600))
     assert want <= {x["entry_id"] for x in transitions}, "not every entry was applied"
     for q, extra in (("How has the body height changed?", {"k_history": 10}), ("What is the body height?", {}),
                      ("What medications were stopped in the past?", {"k_history": 10})):

@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stam.read.scopes import new_token
 from tests.conftest import SMALL_PATIENT
-from tests.integration.broker import _collect, _publish, opened
+from tests.integration.broker import _publish, collect_outputs, opened
 from tests.integration.conftest import _free_port, _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
@@ -31,7 +31,7 @@ def scoped(stack_settings: Any, worker: Any, small_bundle: Any) -> Any:
     """The small Synthea patient applied by the real worker; a query worker with three scoped tokens."""
     entries = small_bundle.entries
     asyncio.run(_publish(stack_settings, entries))
-    transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in entries}, timeout=240))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in entries}, timeout=240))
     assert {e.entry_id for e in entries} <= {x["entry_id"] for x in transitions}
     path = stack_settings.home / "query-tokens.json"
     tokens = {"ward": new_token(path, "ward", "clinician", None),

@@ -104,7 +104,7 @@ def test_a_real_note_is_decomposed_through_the_write_path(served: str, stack_set
     import urllib.request
 
     from stam.publish import publish_paths
-    from tests.integration.broker import _collect
+    from tests.integration.broker import collect_outputs
     from tests.integration.conftest import _free_port, _stam_process
 
     if not NOTES.is_file():
@@ -120,7 +120,7 @@ def test_a_real_note_is_decomposed_through_the_write_path(served: str, stack_set
 
         entries = load_ndjson(paths).entries
         note_entry = next(e for e in entries if e.source_ref == f"DocumentReference/{MODEL_NOTE_ID}")
-        transitions, letters = asyncio.run(_collect(stack_settings, {e.entry_id for e in entries}, timeout=900))
+        transitions, letters = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in entries}, timeout=900))
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
     assert letters == []
     added = [t["memory"] for t in transitions if t["kind"] == "added" and t["entry_id"] == note_entry.entry_id]

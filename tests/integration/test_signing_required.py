@@ -12,7 +12,7 @@ import pytest
 from pydantic import SecretStr
 
 from stam.publish import Publisher, PublishSummary
-from tests.integration.broker import _collect, _dead_letters
+from tests.integration.broker import _dead_letters, collect_outputs
 from tests.integration.conftest import _stam_process
 
 pytestmark = pytest.mark.integration
@@ -33,7 +33,7 @@ def test_an_unsigned_entry_is_dead_lettered_where_signing_is_required(stack_sett
 
     with _stam_process(stack_settings, "worker", "worker-required.log", STAM_SOURCES=json.dumps(SECRETS)):
         asyncio.run(send())
-        transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in signed}, timeout=240))
+        transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in signed}, timeout=240))
     applied = {x["entry_id"] for x in transitions}
     assert {e.entry_id for e in signed} <= applied
     assert unsigned.entry_id not in applied

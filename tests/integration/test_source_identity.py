@@ -24,7 +24,7 @@ from stam.integrity import SIGNATURE_HEADER, SOURCE_HEADER, signature
 from stam.publish import Publisher, PublishSummary
 from stam.stores.redis_state import RedisStateStore
 from tests.conftest import BUNDLES, need_data
-from tests.integration.broker import _collect, _dead_letters
+from tests.integration.broker import _dead_letters, collect_outputs
 from tests.integration.conftest import _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
@@ -75,7 +75,7 @@ def test_only_the_facts_own_source_can_retract_it(stack_settings: Any, signed_wo
     states = RedisStateStore(redis.Redis.from_url(stack_settings.redis_url), prefix=stack_settings.collection_prefix)
 
     asyncio.run(_send(stack_settings, entries, "ehr-a"))
-    transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in entries}, timeout=240))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in entries}, timeout=240))
     assert {e.entry_id for e in entries} <= {x["entry_id"] for x in transitions}, "signed entries not all applied"
 
     def fact() -> Any:
@@ -93,7 +93,7 @@ def test_only_the_facts_own_source_can_retract_it(stack_settings: Any, signed_wo
     asyncio.run(_send(stack_settings, [other], "lab-b"))
     wrong = signature(b"not-the-secret-of-ehr-a-000000", "ehr-a", bad_sig.model_dump_json().encode())
     asyncio.run(_send_raw(stack_settings, bad_sig, [(SOURCE_HEADER, b"ehr-a"), (SIGNATURE_HEADER, wrong.encode())]))
-    transitions, _ = asyncio.run(_collect(stack_settings, {unsigned.entry_id, other.entry_id}, timeout=120))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {unsigned.entry_id, other.entry_id}, timeout=120))
 
     # Both forged entries were recorded (a memory in HISTORY each) but ended nothing of ehr-a.
     for forged, by in ((unsigned, None), (other, "lab-b")):
@@ -114,7 +114,7 @@ def test_only_the_facts_own_source_can_retract_it(stack_settings: Any, signed_wo
     # The fact's own source retracts it.
     own = _forged(arrest, "retracted-by-ehr-a")
     asyncio.run(_send(stack_settings, [own], "ehr-a"))
-    transitions, _ = asyncio.run(_collect(stack_settings, {own.entry_id}, timeout=120))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {own.entry_id}, timeout=120))
     mine = [x for x in transitions if x["entry_id"] == own.entry_id]
     assert sorted(x["kind"] for x in mine) == ["added", "archived"]
     after = fact()

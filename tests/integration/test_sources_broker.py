@@ -13,7 +13,7 @@ import pytest
 
 from stam.publish import publish_paths
 from tests.conftest import DATA
-from tests.integration.broker import _collect, _dead_letters, opened
+from tests.integration.broker import _dead_letters, collect_outputs, opened
 
 pytestmark = pytest.mark.integration
 HL7 = DATA / "hl7v2-samples"
@@ -45,7 +45,7 @@ def test_hl7_samples_map_or_are_dead_lettered_with_their_bytes(stack_settings: A
         assert re.search(r"\b[A-Z]{3}\^[A-Z0-9]{2,3}\b", d["error"]), d["error"]
 
     ids = {e.entry_id for e in expected.entries}
-    transitions, _ = asyncio.run(_collect(stack_settings, ids, timeout=300))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, ids, timeout=300))
     assert ids <= {x["entry_id"] for x in transitions}
     # LAB-ORU-1 (preliminary 40.1) then LAB-ORU-2 (final 39.7) of the same OBX: the final value supersedes.
     prelim = next(e for e in expected.entries if e.source_ref == "Observation/82503246-20570-8"
@@ -67,7 +67,7 @@ def test_mimic_patient_through_the_broker_and_stam_state(stack_settings: Any, wo
     assert summary.sent == len(expected.entries) and summary.dead_lettered == 0
     assert summary.sources["mimic-iv"]["tables"]["poe"] == {"rows": 53, "entries": 53, "bad": 0, "folded": 0}
     ids = {e.entry_id for e in expected.entries}
-    transitions, _ = asyncio.run(_collect(stack_settings, ids, timeout=300))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, ids, timeout=300))
     assert ids <= {x["entry_id"] for x in transitions}
 
     s = stack_settings
@@ -99,7 +99,7 @@ def test_an_hl7_visit_through_the_broker_ends_with_its_discharge_and_a_cancelled
     expected = load_hl7([tmp_path])
     summary = asyncio.run(publish_paths(stack_settings, [tmp_path]))
     assert summary.sent == len(expected.entries) == len(hl7_visit.VISIT_MESSAGES) and summary.dead_lettered == 0
-    transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in expected.entries}, timeout=300))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in expected.entries}, timeout=300))
     entry = {e.entry_id: e for e in expected.entries}
     by_message = {entry[x["entry_id"]].attributes["hl7_control_id"]: [] for x in transitions if x["entry_id"] in entry}
     for x in transitions:

@@ -29,7 +29,7 @@ import pytest
 from stam.read.scopes import new_token
 from stam.read.timeline import ARCHIVED, Timeline
 from tests.conftest import REPO, SMALL_PATIENT
-from tests.integration.broker import _collect, _publish
+from tests.integration.broker import _publish, collect_outputs
 from tests.integration.conftest import _free_port, _stam_process
 
 pytestmark = pytest.mark.integration
@@ -76,7 +76,7 @@ def page(stack_settings: Any, worker: Any, small_bundle: Any) -> Iterator[dict[s
     _need_browser()
     entries = small_bundle.entries
     asyncio.run(_publish(stack_settings, entries))
-    transitions, _ = asyncio.run(_collect(stack_settings, {e.entry_id for e in entries}, timeout=240))
+    transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in entries}, timeout=240))
     assert {e.entry_id for e in entries} <= {x["entry_id"] for x in transitions}
     path = stack_settings.home / "timeline-tokens.json"
     tokens = {"ward": new_token(path, "ward", "clinician", None),

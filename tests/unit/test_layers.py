@@ -146,7 +146,7 @@ def _private_imports(sources: dict[str, str]) -> list[str]:
     for module, text in sources.items():
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                    and node.module.split(".")[0] in (*ROOTS, "benchmarks") and node.module != module:
+                    and node.module.split(".")[0] in (*ROOTS, "benchmarks", "tests") and node.module != module:
                 found += [f"{module}: from {node.module} import {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     return found
@@ -160,5 +160,6 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 
 
 def test_the_private_import_check_finds_one() -> None:
-    assert _private_imports({"stam.a": "from stam.b import _x, y\nfrom stam.a import _z\nfrom os import _exit\n"}) \
-        == ["stam.a: from stam.b import _x"]
+    assert _private_imports({"stam.a": "from stam.b import _x, y\nfrom stam.a import _z\nfrom os import _exit\n",
+                             "benchmarks.c": "from tests.integration.broker import _helper\n"}) \
+        == ["stam.a: from stam.b import _x", "benchmarks.c: from tests.integration.broker import _helper"]
