@@ -32,10 +32,11 @@ for on this machine. Prints JSON on stdout.
 
 ``--stages all fused`` measures both write paths in the same run: the four stages over their topics (``all``, the
 default) and the one-hop path (``stam worker --stages fused``), whose keys end in ``_fused``; the fixed-rate runs
-of both at the same rate.
+of both at the same rate, or with ``--load 0.5 0.8`` each at those fractions of its own flat-out rate. Each run
+records its consumer fetch wait (``STAM_CONSUMER_FETCH_WAIT_MS``, else the write path's default).
 
 Usage: python -m benchmarks.hospital_feed [--entries 20000] [--warmup 2000] [--rate R] [--runs one two rate floor]
-       [--stages all fused] [--cold-vocabulary]
+       [--stages all fused] [--load 0.5 0.8] [--cold-vocabulary]
 """
 
 from __future__ import annotations
@@ -291,8 +292,8 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
         "transitions": state["transitions"],
         "stalled": state["stalled"], "rate_asked": rate, "publish_seconds": round(published, 1),
         "seconds": round(elapsed, 1), "entries_per_s": round(len(state["done"]) / elapsed, 1) if elapsed else None,
-        "latency_s": {"p50": round(float(np.percentile(latencies, 50)), 2),
-                      "p99": round(float(np.percentile(latencies, 99)), 2)} if latencies else None,
+        "latency_s": {"p50": round(float(np.percentile(latencies, 50)), 3),
+                      "p99": round(float(np.percentile(latencies, 99)), 3)} if latencies else None,
         "lag_entries": {"max": max(behind, default=0),
                         "at_end_of_publish": next((s - d for t, s, d in lag if t >= published), None),
                         "series_t_sent_done": lag[::step]},
@@ -349,7 +350,9 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         stages = stage_quantiles(before, after)
         updated = stages.get("update", stages.get("fused", {})).get("n", 0)
         redo = after["stale_redo"] - before["stale_redo"]
-        return {"workers": workers, "write_path": write_path, "warmup": warmup, **result, "stages": stages,
+        wait = os.environ.get("STAM_CONSUMER_FETCH_WAIT_MS") or ("100" if write_path == "fused" else "1500")
+        return {"workers": workers, "write_path": write_path, "fetch_wait_ms": int(wait),
+                "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
                 "worker_peak_rss_mb": [vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
@@ -370,6 +373,9 @@ def main() -> None:
     parser.add_argument("--subjects", default=None, help="comma-separated subject ids (default: all 100)")
     parser.add_argument("--runs", nargs="+", choices=["one", "two", "rate", "floor"],
                         default=["one", "two", "rate", "floor"])
+    parser.add_argument("--load", nargs="+", type=float, default=None,
+                        help="instead of one --rate: each write path at these fractions of its own flat-out rate in "
+                             "this run (e.g. 0.5 0.8); keys one_worker_at_50pct, ...")
     parser.add_argument("--stages", nargs="+", default=["all"], choices=["all", "fused"],
                         help="the workers' write path, each measured in this run: all (the four stages over their "
                              "topics) and/or fused (one agent, one hop); a fused run's keys end in _fused")
@@ -403,14 +409,20 @@ def main() -> None:
             ones[stages] = report[f"one_worker{tail}"] = run(feed, warm, 1, None, args.quiet, vocabulary, stages)
         if "two" in args.runs:
             report[f"two_workers{tail}"] = run(feed, warm, 2, None, args.quiet, vocabulary, stages)
-    for stages in args.stages:  # at one rate for every write path: the first one's 80% unless --rate
-        if "rate" not in args.runs:
-            break
-        first = ones.get(args.stages[0])
+    for stages in args.stages if "rate" in args.runs else ():
+        tail = "" if stages == "all" else f"_{stages}"
+        if args.load:  # each write path at fractions of its own flat-out rate
+            own = ones.get(stages, {}).get("entries_per_s")
+            if not own:
+                sys.exit("--load needs the one-worker run of each write path (--runs one rate)")
+            for share in args.load:
+                report[f"one_worker_at_{round(share * 100)}pct{tail}"] = {
+                    "load": share, **run(feed, warm, 1, round(share * own, 1), args.quiet, vocabulary, stages)}
+            continue
+        first = ones.get(args.stages[0])  # one rate for every write path: the first one's 80% unless --rate
         rate = args.rate or (round(0.8 * first["entries_per_s"], 1) if first and first["entries_per_s"] else None)
         if rate is None:
             sys.exit("--rate is needed when the one-worker run is not part of this run")
-        tail = "" if stages == "all" else f"_{stages}"
         report[f"one_worker_at_rate{tail}"] = run(feed, warm, 1, rate, args.quiet, vocabulary, stages)
     one = ones.get(args.stages[0])
     if "floor" in args.runs:

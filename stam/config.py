@@ -76,11 +76,12 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="Kafka consumer session and rebalance timeout of the workers")
     consumer_fetch_wait_ms: int = Field(
         default=1500, ge=1, le=30_000,
-        description="Longest a worker's Kafka fetch waits for data (Faust's own value is the default). Kafka "
-        "answers as soon as data comes; the embedded Tansu broker when the wait ends, so at low load each hop of "
-        "the write path waits about half of it, and under load it is how much a fetch gathers: on the hospital "
-        "feed (2 cores), 100 ms took the end-to-end p50 at 60 entries/s from 2.6 s to 0.9-1.4 s and the flat-out "
-        "rate from 127-134 to 93-94 entries/s (topology/fetching.py)")
+        description="Longest a worker's Kafka fetch waits for data (Faust's own value is the default; the fused "
+        "worker, `stam worker --stages fused`, uses 100 ms unless this is set). Kafka answers as soon as data "
+        "comes; the embedded Tansu broker when the wait ends, so at low load each hop of the write path waits about "
+        "half of it, and under load it is how much a fetch gathers: on the hospital feed (2 cores), 100 ms took the "
+        "four stages' end-to-end p50 at 60 entries/s from 2.6 s to 0.9-1.4 s and their flat-out rate from 127-134 "
+        "to 93-94 entries/s (topology/fetching.py); the fused worker lost under 5%")
 
     embedding_model: str = Field(
         default="all-MiniLM-L6-v2",

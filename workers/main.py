@@ -34,6 +34,11 @@ STAGES = {"extract": extract, "link": link, "impact": impact, "update": update}
 FUSED = "fused"
 """``--stages fused``: the whole write path in one agent, entries topic to transitions topic in one hop
 (``workers.update.register(fused=True)``)."""
+FUSED_FETCH_WAIT_MS = 100
+"""The fused worker's fetch wait unless ``STAM_CONSUMER_FETCH_WAIT_MS`` is set. On the embedded broker (which answers
+a fetch when its wait ends) the one hop waits about half of it at low load; on the hospital feed the fused worker's
+flat-out rate at 100 ms was within 5% of its rate at Faust's 1500 (162.5 and 170.3 entries/s), where the four
+stages over their topics lost 26% (70.4 and 95.1)."""
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:
@@ -54,9 +59,11 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
 
 
 def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[faust.App, Runtime]:
+    if tuple(stages) == (FUSED,) and "consumer_fetch_wait_ms" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"consumer_fetch_wait_ms": FUSED_FETCH_WAIT_MS})
     app, topics = create_app(settings)
     runtime = Runtime(settings=settings, topics=topics)
-    if stages == (FUSED,):
+    if tuple(stages) == (FUSED,):
         update.register(app, runtime, fused=True)
     else:
         for name in stages:

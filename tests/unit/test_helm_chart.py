@@ -16,6 +16,7 @@ from stam.serving.config import Autoscaling, ServingConfig, VllmEngine, vllm_dep
 
 PRODUCTION = hc.load_values(hc.CASES["production"])
 GROUPS = {"write": {"mode": "groups"}}
+FUSED = {"write": {"mode": "fused", "autoscaling": {"enabled": True}}}
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +49,9 @@ def test_both_value_files_render_every_expected_kind(default: list[dict[str, Any
     assert not kinds(production, "Secret"), "production names an existingSecret: the chart makes none"
 
 
-@pytest.mark.parametrize("case", ["default", "production", "groups"])
+@pytest.mark.parametrize("case", ["default", "production", "groups", "fused"])
 def test_every_rendered_object_validates(case: str) -> None:
-    values = {"default": None, "production": PRODUCTION, "groups": GROUPS}[case]
+    values = {"default": None, "production": PRODUCTION, "groups": GROUPS, "fused": FUSED}[case]
     objects = hc.render(values)
     errors = [f"{o['kind']}/{o['metadata']['name']}: {e}" for o in objects for e in hc.validate(o)]
     assert errors == []
@@ -88,6 +89,17 @@ def test_per_group_deployments_get_distinct_consumer_groups(production: list[dic
     assert triggers["stam-write-graph"] == {("stam-write-graph", f"stam.{t}.v1")
                                             for t in ("extracted", "linked", "impacted")}
     assert triggers["stam-query"] == {("stam-query", "stam.queries.v1")}
+
+
+def test_fused_mode_is_one_deployment_of_the_one_hop_write_path() -> None:
+    objects = hc.render(FUSED)
+    (write,) = [d for d in kinds(objects, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"]
+                == "write"]
+    assert containers(write)[0]["args"] == ["worker", "--stages", "fused"]
+    assert env(containers(write)[0])["STAM_APP_ID"] == "stam-write"
+    (scaled,) = [so for so in kinds(objects, "ScaledObject") if so["metadata"]["name"] == "stam-write"]
+    assert {(t["metadata"]["consumerGroup"], t["metadata"]["topic"]) for t in scaled["spec"]["triggers"]} == {
+        ("stam-write", "stam.entries.v1")}  # its one input topic
 
 
 def test_one_deployment_for_all_stages_by_default(default: list[dict[str, Any]]) -> None:

@@ -64,19 +64,22 @@ app.kubernetes.io/part-of: stam
 
 {{/* Input topic of each write stage (what its consumer lag is measured on). */}}
 {{- define "stam.stageTopic" -}}
-{{- $topics := dict "extract" "entries.v1" "link" "extracted.v1" "impact" "linked.v1" "update" "impacted.v1" -}}
+{{- $topics := dict "extract" "entries.v1" "link" "extracted.v1" "impact" "linked.v1" "update" "impacted.v1" "fused" "entries.v1" -}}
 {{- printf "%s.%s" .prefix (get $topics .stage) -}}
 {{- end -}}
 
 {{/*
 The write deployments as a list of dicts {name, stages, appId, replicas, resources, autoscaling, component}.
-mode all: one; mode groups: one per group, each with its own consumer group id.
+mode all: one; mode fused: one, running the one-hop write path (`stam worker --stages fused`); mode groups: one per
+group, each with its own consumer group id.
 */}}
 {{- define "stam.writeDeployments" -}}
 {{- $w := .Values.write -}}
 {{- $out := list -}}
 {{- if eq $w.mode "all" -}}
 {{- $out = append $out (dict "name" "write" "stages" (list "extract" "link" "impact" "update") "all" true "appId" $w.appId "replicas" $w.replicas "resources" $w.resources "autoscaling" $w.autoscaling) -}}
+{{- else if eq $w.mode "fused" -}}
+{{- $out = append $out (dict "name" "write" "stages" (list "fused") "all" false "appId" $w.appId "replicas" $w.replicas "resources" $w.resources "autoscaling" $w.autoscaling) -}}
 {{- else -}}
 {{- $seen := dict -}}
 {{- range $g := $w.groups -}}

@@ -1,0 +1,130 @@
+"""At low load the fused write path (``stam worker --stages fused``, its default fetch wait) puts an entry's first
+transition on the topic within a few of the broker's own round trips: measured against the floor of the same run
+(a bare produce and consume on the same broker with the same fetch wait) and the worker's own stage time, never as
+an absolute time. A change that brings back a multi-second wait (Faust's 1500 ms fetch wait, hops between stages)
+fails it (issue 38)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from stam.publish import Publisher, PublishSummary
+from tests.integration.broker import opened
+from tests.integration.conftest import _free_port, _stam_process
+from topology import topics as t
+from topology.admin import bootstrap
+from workers.main import FUSED_FETCH_WAIT_MS
+
+pytestmark = pytest.mark.integration
+
+SPACING_S = 0.4
+"""Between two entries: far more than one entry's work, so each meets an idle worker (low load)."""
+MEASURED = 12
+FLOOR_TOPIC = "latency-floor"
+
+
+async def _floor(settings: Any, n: int = 12) -> list[float]:
+    """Seconds from each send to its receipt by a consumer that fetches as the worker does (same broker, same fetch
+    wait), one message at a time, ``SPACING_S`` apart."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(settings))
+    await admin.start()
+    try:
+        if FLOOR_TOPIC not in await admin.list_topics():
+            await admin.create_topics([NewTopic(FLOOR_TOPIC, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), linger_ms=0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None,
+                                fetch_max_wait_ms=FUSED_FETCH_WAIT_MS, auto_offset_reset="latest")
+    await producer.start()
+    await consumer.start()
+    tp = TopicPartition(FLOOR_TOPIC, 0)
+    consumer.assign([tp])
+    await consumer.seek_to_end(tp)
+    await consumer.position(tp)
+    out = []
+    try:
+        for i in range(n):
+            sent = time.monotonic()
+            await producer.send_and_wait(FLOOR_TOPIC, str(i).encode())
+            got = False
+            while not got:
+                for recs in (await consumer.getmany(timeout_ms=5000)).values():
+                    got = got or any(r.value == str(i).encode() for r in recs)
+            out.append(time.monotonic() - sent)
+            await asyncio.sleep(SPACING_S)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    return out
+
+
+async def _write_path(settings: Any, entries: list[Any], timeout: float) -> dict[str, float]:
+    """Each entry published alone, ``SPACING_S`` apart once the one before is applied: seconds from its publish to
+    its first transition on the topic (read by a follower that fetches every 10 ms)."""
+    follower = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
+                                group_id=None, fetch_max_wait_ms=10, auto_offset_reset="latest")
+    await follower.start()
+    await follower.getmany(timeout_ms=500)  # assigned and at the end before anything is sent
+    seen: dict[str, float] = {}
+    try:
+        async with Publisher(settings) as pub:
+            for e in entries:
+                sent = time.monotonic()
+                await pub.send_entries([e], PublishSummary())
+                deadline = sent + timeout
+                while e.entry_id not in seen and time.monotonic() < deadline:
+                    for recs in (await follower.getmany(timeout_ms=200)).values():
+                        for r in recs:
+                            seen.setdefault(opened_entry(settings, r.value), time.monotonic() - sent)
+                assert e.entry_id in seen, f"no transition for an entry within {timeout:.0f} s"
+                await asyncio.sleep(SPACING_S)
+    finally:
+        await follower.stop()
+    return {e.entry_id: seen[e.entry_id] for e in entries}
+
+
+def opened_entry(settings: Any, value: bytes) -> str:
+    return str(json.loads(opened(settings, value))["entry_id"])
+
+
+def _stage_mean_s(port: int, stage: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    total = float(re.search(rf'^stam_stage_seconds_sum\{{stage="{stage}"\}} (\S+)', text, re.M).group(1))  # type: ignore[union-attr]
+    count = float(re.search(rf'^stam_stage_seconds_count\{{stage="{stage}"\}} (\S+)', text, re.M).group(1))  # type: ignore[union-attr]
+    return total / count
+
+
+def test_at_low_load_an_entry_is_applied_within_a_few_broker_round_trips(stack_settings: Any,
+                                                                           small_bundle: Any) -> None:
+    s = stack_settings
+    entries = small_bundle.entries
+    assert len(entries) > MEASURED + 2
+    metrics = _free_port()
+    with _stam_process(s, "worker --stages fused", "fused-worker.log", STAM_METRICS_PORT=str(metrics)) as proc:
+        # The first two: the worker starts, joins its group and loads its model (not measured).
+        asyncio.run(_write_path(s, entries[:2], timeout=240))
+        floor = asyncio.run(_floor(s))
+        took = asyncio.run(_write_path(s, entries[2:2 + MEASURED], timeout=60))
+        stage = _stage_mean_s(metrics, "fused")
+        assert proc.poll() is None, (s.home / "fused-worker.log").read_text()[-3000:]
+    floor_p50, p50 = statistics.median(floor), statistics.median(took.values())
+    # The one hop into the worker: at most its fetch wait (the setting's part of the budget) beyond the floor; then
+    # the stage work, the outbox and the publish, and the follower's own fetch. Four floors and three stage times
+    # leave room for a loaded machine; Faust's 1500 ms fetch wait (p50 356 ms here) or hops between stages exceed it.
+    bound = FUSED_FETCH_WAIT_MS / 1000 + 4 * floor_p50 + 3 * stage
+    print(f"low-load p50 {p50 * 1000:.0f} ms (floor p50 {floor_p50 * 1000:.0f} ms, stage mean {stage * 1000:.0f} ms, "
+          f"bound {bound * 1000:.0f} ms)")
+    assert p50 <= bound, (f"p50 {p50 * 1000:.0f} ms from publish to transition; floor p50 {floor_p50 * 1000:.0f} ms, "
+                          f"stage mean {stage * 1000:.0f} ms, bound {bound * 1000:.0f} ms; each: "
+                          f"{sorted(round(v * 1000) for v in took.values())}")
