@@ -156,6 +156,36 @@ def render_fhir_notifications(report: dict[str, Any]) -> str:
     return head + "\n\n" + table(["latency", "events", "p50 s", "p99 s", "max s"], rows)
 
 
+def render_hospital_feed(report: dict[str, Any]) -> str:
+    """``python -m benchmarks.hospital_feed``: each run's write path, load, throughput, end-to-end latency, stale-redo
+    ratio and CPU per entry; the Faust floor and each write path's ratio to it."""
+    rows = []
+    for name, run in report.items():
+        if not (isinstance(run, dict) and "write_path" in run):
+            continue
+        load = ("flat out" if run.get("rate_asked") is None else
+                f"{fmt(run['rate_asked'])}/s" + (f" ({round(run['load'] * 100)}%)" if run.get("load") else ""))
+        lat = run.get("latency_s") or {}
+        hop = run.get("hop_wait") or {}
+        rows.append([f"`{name}`", "fused (one hop)" if run["write_path"] == "fused" else "four stages over topics",
+                     run["workers"], run.get("fetch_wait_ms"), load, run.get("entries_per_s"),
+                     round(lat["p50"] * 1000) if lat else None, round(lat["p99"] * 1000) if lat else None,
+                     round(sum(h.get("p50_ms", 0) for h in hop.values())) if hop else None,
+                     run.get("stale_redo_ratio"), (run.get("cpu") or {}).get("cpu_ms_per_entry_total")])
+    feed = report["feed"]
+    head = (f"{fmt(feed['entries'])} entries of the MIMIC-IV hospital feed ({fmt(feed.get('patients'))} patients), "
+            "each run on a fresh embedded stack")
+    out = head + "\n\n" + table(["run", "write path", "workers", "fetch wait ms", "load", "entries/s", "p50 ms",
+                                   "p99 ms", "hop waits p50 ms (sum)", "stale-redo", "CPU ms/entry"], rows)
+    floor = report.get("faust_floor")
+    if isinstance(floor, dict):
+        ratios = [f"{'fused' if k.endswith('_fused') else 'four stages'} {fmt(v)}" for k, v in report.items()
+                  if k.startswith("write_path_floor_ratio")]
+        out += (f"\n\nFaust floor in the same run (four hops doing nothing): {fmt(floor.get('entries_per_s'))} "
+                f"entries/s; flat-out rate over the floor's: {', '.join(ratios)}.")
+    return out
+
+
 def _lat(v: dict[str, Any]) -> list[Any]:
     return [v["n"], v["p50_s"], v["p99_s"], v["max_s"]]
 
@@ -229,6 +259,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "discharge_cost": render_discharge_cost,
     "mllp_feed": render_mllp_feed,
     "fhir_notifications": render_fhir_notifications,
+    "hospital_feed": render_hospital_feed,
 }
 
 

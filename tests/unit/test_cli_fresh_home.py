@@ -59,6 +59,7 @@ RUNS = [
     Run(("stack", "down"), stdout=r"^no stack running\n$"),
     refuses("worker", needs=ALL),
     refuses("worker", "--stages", "extract,link", needs=ALL),
+    refuses("worker", "--stages", "fused", needs=ALL),
     refuses("query-worker", needs=ALL),
     refuses("publish", "../shared/data/synthea-r4-bundles/", needs=(BROKER,)),
     refuses("publish", "../shared/data/hl7v2-samples/", needs=(BROKER,)),
