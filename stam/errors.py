@@ -108,6 +108,11 @@ class UnknownStage(StamError, ValueError):
     """``stam worker --stages`` names a stage that does not exist."""
 
 
+class StagesBacklog(StamError):
+    """The fused worker would start while the four stages' own topics still hold messages of its consumer group that
+    no stage has processed: it does not read them, so those entries would never be applied."""
+
+
 class StackError(StamError):
     """The embedded stack could not start or reach one of its services."""
 

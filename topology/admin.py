@@ -13,7 +13,7 @@ from stam.config import Settings
 from stam.transport import bootstrap, kafka_client_kwargs
 from topology import topics as t
 
-__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "read_to_end"]
+__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "read_to_end", "unprocessed"]
 
 
 @contextlib.asynccontextmanager
@@ -68,3 +68,29 @@ async def read_to_end(consumer: Any, tps: list[Any], *, max_records: int = 5000)
             return
         for r in records:
             yield r
+
+
+async def unprocessed(settings: Settings, group: str, specs: tuple[t.TopicSpec, ...]) -> dict[str, int]:
+    """Messages of ``specs``' topics that consumer group ``group`` has not committed past, per topic (those with any):
+    a partition with no committed offset counts from its first message. A topic that does not exist holds none."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=group, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        existing = await consumer.topics()
+        names = [spec.name(settings.topic_prefix) for spec in specs]
+        tps = [TopicPartition(n, p) for n in names if n in existing
+               for p in sorted(consumer.partitions_for_topic(n) or ())]
+        if not tps:
+            return {}
+        first, end = await consumer.beginning_offsets(tps), await consumer.end_offsets(tps)
+        left: dict[str, int] = {}
+        for tp in tps:
+            done = await consumer.committed(tp)
+            behind = end[tp] - max(first[tp], done if done is not None else first[tp])
+            if behind > 0:
+                left[tp.topic] = left.get(tp.topic, 0) + behind
+        return left
+    finally:
+        await consumer.stop()

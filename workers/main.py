@@ -15,11 +15,13 @@ from collections.abc import Sequence
 import faust
 
 from stam.config import Settings
-from stam.errors import UnknownStage
+from stam.errors import StagesBacklog, UnknownStage
 from stam.logs import faust_worker
 from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
 from stam.stage_thread import STAGE_THREAD
+from topology import topics as t
+from topology.admin import unprocessed
 from topology.app import create_app
 from workers import extract, impact, link, update
 from workers.common import Fault, classify
@@ -112,9 +114,23 @@ def _background_failed(task: str, exc: BaseException) -> None:
         log.error("%s failed; the worker goes on", task, exc_info=exc)
 
 
+def check_no_stage_backlog(settings: Settings) -> None:
+    """Before a fused worker joins its group: :class:`StagesBacklog` when the extracted, linked or impacted topic holds
+    messages the group has not processed (four-stage workers of the same group stopped with work in flight)."""
+    left = asyncio.run(unprocessed(settings, settings.app_id, (t.EXTRACTED, t.LINKED, t.IMPACTED)))
+    if left:
+        held = ", ".join(f"{name} {n:,}" for name, n in sorted(left.items()))
+        raise StagesBacklog(f"consumer group {settings.app_id} has messages no stage has processed ({held}); the fused "
+                            "worker does not read those topics: run `stam worker --stages link,impact,update` until "
+                            "they are processed, then start it")
+
+
 def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = tuple(STAGES)) -> None:
-    """Run the worker; a port already taken stops it first with :class:`workers.ops.PortInUse` (one line)."""
+    """Run the worker; a port already taken stops it first with :class:`workers.ops.PortInUse` (one line), and a
+    fused worker whose group left work on the four stages' topics with :class:`StagesBacklog`."""
     claim_port(settings.web_host, settings.web_port, "STAM_WEB_PORT")
+    if tuple(stages) == (FUSED,):
+        check_no_stage_backlog(settings)
     start_metrics(settings)
     app, _ = build(settings, stages)
     faust_worker(app, settings, loglevel).execute_from_commandline()

@@ -9,7 +9,7 @@ from stam.cli.common import load_settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from stam.errors import PortInUse, UnknownStage
+    from stam.errors import PortInUse, StagesBacklog, UnknownStage
     from workers.main import parse_stages, run
 
     try:
@@ -21,7 +21,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
     try:
         run(settings, loglevel=args.loglevel, stages=stages)
-    except PortInUse as exc:
+    except (PortInUse, StagesBacklog) as exc:
         print(f"stam worker: {exc}", file=sys.stderr)
         return 2
     return 0

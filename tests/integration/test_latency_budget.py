@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import statistics
+import subprocess
+import sys
 import time
 import urllib.request
 from typing import Any
@@ -19,6 +22,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from stam.publish import Publisher, PublishSummary
+from tests.conftest import REPO
 from tests.integration.broker import opened
 from tests.integration.conftest import _free_port, _stam_process
 from topology import topics as t
@@ -128,3 +132,28 @@ def test_at_low_load_an_entry_is_applied_within_a_few_broker_round_trips(stack_s
     assert p50 <= bound, (f"p50 {p50 * 1000:.0f} ms from publish to transition; floor p50 {floor_p50 * 1000:.0f} ms, "
                           f"stage mean {stage * 1000:.0f} ms, bound {bound * 1000:.0f} ms; each: "
                           f"{sorted(round(v * 1000) for v in took.values())}")
+
+
+def test_a_fused_worker_will_not_start_over_work_left_on_the_four_stages_topics(stack_settings: Any) -> None:
+    """Four-stage workers stopped with an entry between stages: the fused worker of the same group does not read
+    those topics, so it refuses to start, in one line, rather than leave that entry unapplied."""
+    s = stack_settings
+
+    async def leave_one() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(s))
+        await producer.start()
+        try:
+            await producer.send_and_wait(t.LINKED.name(s.topic_prefix), b"an entry between link and impact")
+        finally:
+            await producer.stop()
+
+    asyncio.run(leave_one())
+    env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
+               STAM_MILVUS_URI=s.milvus_uri, STAM_WEB_PORT="0", STAM_APP_ID="stam-write-left-behind")
+    res = subprocess.run([sys.executable, "-m", "stam.cli", "worker", "--stages", "fused"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines() == [
+        f"stam worker: consumer group stam-write-left-behind has messages no stage has processed "
+        f"({t.LINKED.name(s.topic_prefix)} 1); the fused worker does not read those topics: run `stam worker --stages "
+        f"link,impact,update` until they are processed, then start it"]
