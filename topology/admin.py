@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
@@ -20,8 +21,6 @@ __all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "rea
 async def producer(settings: Settings) -> AsyncIterator[Any]:
     """A started aiokafka producer that waits for every in-sync replica (``acks=all``), stopped on the way out;
     stopped too when it fails to start (aiokafka leaves its connections open otherwise)."""
-    from aiokafka import AIOKafkaProducer
-
     made = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
     try:
         await made.start()
@@ -73,11 +72,9 @@ async def read_to_end(consumer: Any, tps: list[Any], *, max_records: int = 5000)
 async def unprocessed(settings: Settings, group: str, specs: tuple[t.TopicSpec, ...]) -> dict[str, int]:
     """Messages of ``specs``' topics that consumer group ``group`` has not committed past, per topic (those with any):
     a partition with no committed offset counts from its first message. A topic that does not exist holds none."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
     consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=group, enable_auto_commit=False)
-    await consumer.start()
-    try:
+    try:  # stopped too when it fails to start (aiokafka leaves its connections open otherwise)
+        await consumer.start()
         existing = await consumer.topics()
         names = [spec.name(settings.topic_prefix) for spec in specs]
         tps = [TopicPartition(n, p) for n in names if n in existing

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import faust
+from aiokafka.errors import KafkaError
 
 from stam.config import Settings
 from stam.errors import StagesBacklog, UnknownStage
@@ -117,7 +119,16 @@ def _background_failed(task: str, exc: BaseException) -> None:
 def check_no_stage_backlog(settings: Settings) -> None:
     """Before a fused worker joins its group: :class:`StagesBacklog` when the extracted, linked or impacted topic holds
     messages the group has not processed (four-stage workers of the same group stopped with work in flight)."""
-    left = asyncio.run(unprocessed(settings, settings.app_id, (t.EXTRACTED, t.LINKED, t.IMPACTED)))
+    delay = 1.0
+    while True:  # a broker not up yet is waited for, as the worker would wait for it
+        try:
+            left = asyncio.run(unprocessed(settings, settings.app_id, (t.EXTRACTED, t.LINKED, t.IMPACTED)))
+            break
+        except (KafkaError, OSError) as exc:
+            log.warning("the check for work left on the four stages' topics could not reach the broker (%s); "
+                        "retrying in %.0fs", type(exc).__name__, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
     if left:
         held = ", ".join(f"{name} {n:,}" for name, n in sorted(left.items()))
         raise StagesBacklog(f"consumer group {settings.app_id} has messages no stage has processed ({held}); the fused "
