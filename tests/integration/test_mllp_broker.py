@@ -353,7 +353,10 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
     assert ready["ready"] is True and set(ready["dependencies"]) == {"broker", "redis"}
     assert 'stam_mllp_messages_total{outcome="duplicate"} 1.0' in scraped
     aa = float(next(line.split()[-1] for line in scraped.splitlines() if line.startswith('stam_mllp_acks_total{code="AA"}')))
-    assert aa == len(messages) - killed_at[0] + 1
+    # The messages from the one sent as the kill was scheduled, and the resent duplicate. Under load the first
+    # listener may still acknowledge that one in the 5 ms before the kill lands (seen once in make test): then the
+    # restarted listener acknowledges one fewer. The last assertion checks that every message got its AA.
+    assert aa in (len(messages) - killed_at[0], len(messages) - killed_at[0] + 1)
     assert 'stam_mllp_ack_seconds_count{code="AA"}' in scraped
     labelled = [line for line in scraped.splitlines() if line.startswith("stam_mllp") and "{" in line]
     assert not any(word in line for line in labelled for word in ("ADTApp", "MLLP-K9", "hl7v2:"))
