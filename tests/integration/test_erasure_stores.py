@@ -17,15 +17,15 @@ from stam.config import Settings
 from stam.erase import (
     Crypto,
     Report,
-    _erase_files,
-    _erase_redis,
-    _milvus_dir,
+    erase_files,
     erase_milvus,
+    erase_redis,
     is_erased,
     mark_erased,
     parquet_strings,
     redis_keys,
 )
+from stam.erase.verify import _milvus_dir
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
 
@@ -66,7 +66,7 @@ def test_redis_erasure_deletes_only_the_patients_own_keys(client: Any, hostile: 
         _fill(client, pid)
     before = _keys(client)
     report = Report()
-    _erase_redis(client, "stam", hostile, report)
+    erase_redis(client, "stam", hostile, report)
     gone = before - _keys(client)
     assert gone == {_key(hostile, p) for p in ("ver", "graph", "mem", "tl", "src", "gaps",
                                                 "outbox:fhir-r4:Observation/1:abc")}
@@ -134,7 +134,7 @@ def test_files_lines_removed_and_logs_redacted(tmp_path: Path) -> None:
     untouched = home / "notes.txt"
     untouched.write_text(f"{pid}\n")
     report = Report()
-    _erase_files(Settings(home=home), pid, report)
+    erase_files(Settings(home=home), pid, report)
     for path in (jsonl, outside):
         assert [json.loads(x) for x in path.read_text().splitlines()] == rows[1:]
     assert log.read_text() == "line one\nerror for [erased] here\nother pt-7\n"
@@ -162,7 +162,7 @@ def test_crypto_adapter_shreds_with_the_deployments_key_store(client: Any, tmp_p
 def test_redis_files_are_read_by_a_redis_server_not_only_as_bytes(client: Any, tmp_path: Path) -> None:
     """An RDB compresses strings (LZF): an id with repeats inside is not in the file's bytes, yet a server that
     loads the file has it. The scan loads each RDB/AOF in a throwaway redis-server."""
-    from stam.erase import _redis_file_hits, _variants
+    from stam.erase.verify import _redis_file_hits, _variants
 
     pid = "abcabcabcabcabcabcabcabcabc-77"
     client.hset("stam:{x}:mem", mapping={"m-1": json.dumps({"patient_id": pid, "text": "t" * 50})})
@@ -176,7 +176,7 @@ def test_redis_files_are_read_by_a_redis_server_not_only_as_bytes(client: Any, t
 def test_milvus_lite_rewrite_repairs_writes_that_landed_during_it(deps: Any, small_bundle: Any, tmp_path: Path) -> None:
     """A write path upsert between the rewrite's copy and its truncation is lost from Milvus; the patient's state
     version moved in Redis, so the repair places the patient's vectors again (stores as Redis has them)."""
-    from stam.erase import _repair, _versions
+    from stam.erase.milvus_store import _repair, _versions
     from stam.stages import process_entry
     from tests.conftest import SMALL_PATIENT
 
@@ -213,12 +213,12 @@ def test_milvus_lite_rewrite_repairs_writes_that_landed_during_it(deps: Any, sma
 def test_redis_files_rewritten_when_the_last_save_was_this_very_second(client: Any) -> None:
     """The RDB save time has one-second resolution: a BGSAVE right after another save must still be waited for
     (and not forever: a save in the same second as the previous one once never looked finished)."""
-    from stam.erase import _rewrite_redis_files
+    from stam.erase import rewrite_redis_files
 
     client.set("k", "v")
     client.save()
     report = Report()
-    _rewrite_redis_files(client, report)
+    rewrite_redis_files(client, report)
     assert report.steps["redis_files"] == "RDB snapshot saved (BGSAVE)"
     assert int(client.info("persistence")["rdb_changes_since_last_save"]) == 0
 
@@ -250,7 +250,7 @@ def test_query_cache_never_serves_an_erased_patient_recreated_to_the_same_versio
         old = served()
         assert old and svc.cache.get(SMALL_PATIENT, n, 0) is not None
         report = Report()
-        _erase_redis(deps.states._r, "stam", SMALL_PATIENT, report)
+        erase_redis(deps.states._r, "stam", SMALL_PATIENT, report)
         deps.vectors.erase_patient(SMALL_PATIENT)
         other = load_bundle(BUNDLES / "22bbe238-220e-495c-8abc-0ce3aa28a605.json").entries[:n]
         for e in other:
