@@ -350,7 +350,11 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         stages = stage_quantiles(before, after)
         updated = stages.get("update", stages.get("fused", {})).get("n", 0)
         redo = after["stale_redo"] - before["stale_redo"]
-        wait = os.environ.get("STAM_CONSUMER_FETCH_WAIT_MS") or ("100" if write_path == "fused" else "1500")
+        from stam.config import Settings
+        from workers.main import FUSED_FETCH_WAIT_MS
+
+        wait = os.environ.get("STAM_CONSUMER_FETCH_WAIT_MS") or (
+            FUSED_FETCH_WAIT_MS if write_path == "fused" else Settings.model_fields["consumer_fetch_wait_ms"].default)
         return {"workers": workers, "write_path": write_path, "fetch_wait_ms": int(wait),
                 "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),

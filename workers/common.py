@@ -109,15 +109,16 @@ def _milvus(exc: MilvusException) -> Fault:
     return Fault.BUG
 
 
-def background_failed(task: str, exc: BaseException, delay: float) -> None:
-    """A worker's timer or background task failed and retries in ``delay`` seconds: counted in
-    ``stam_background_failures_total{task,error_type}``; an outage logged at WARNING, anything else (a bug) at
-    ERROR with its traceback."""
+def background_failed(task: str, exc: BaseException, delay: float | None = None) -> None:
+    """A worker's timer or background task failed: counted in ``stam_background_failures_total{task,error_type}``;
+    an outage (:func:`classify`) logged at WARNING in one line, anything else (a bug) at ERROR with its traceback.
+    ``delay``: it retries in that many seconds; None: it is not retried, the worker goes on."""
     BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
-    if isinstance(exc, TRANSIENT) or type(exc).__module__.startswith(("aiokafka", "kafka")):
-        log.warning("%s failed (%s); retrying in %.0fs", task, type(exc).__name__, delay)
+    then = f"retrying in {delay:.0f}s" if delay is not None else "the worker goes on"
+    if classify(exc) is Fault.TRANSIENT:
+        log.warning("%s failed (%s); %s", task, type(exc).__name__, then)
     else:
-        log.error("%s failed; retrying in %.0fs", task, delay, exc_info=exc)
+        log.error("%s failed; %s", task, then, exc_info=exc)
 
 
 def raw_value(event: faust.EventT[Any]) -> bytes:

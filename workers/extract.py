@@ -26,7 +26,8 @@ class VerifiedEntry(BaseModel):
     source_system: str | None
 
 
-def _extract(items: list[VerifiedEntry], deps: Deps) -> list[ExtractedEntry]:
+def extract_verified(items: list[VerifiedEntry], deps: Deps) -> list[ExtractedEntry]:
+    """The extract stage on entries whose source identity was verified (the four-stage and the fused path)."""
     return extract_signed_batch([(x.entry, x.source_system) for x in items], deps)
 
 
@@ -48,7 +49,7 @@ def register(app: faust.App, runtime: Runtime) -> Any:
 
     @app.agent(topics.entries, name="stam.extract")
     async def extract(stream: faust.StreamT[Any]) -> None:
-        await forward_batches(stream, stage="extract", model=VerifiedEntry, fn=_extract, runtime=runtime,
+        await forward_batches(stream, stage="extract", model=VerifiedEntry, fn=extract_verified, runtime=runtime,
                               dest=topics.extracted, parse=verifier(runtime))
 
     return extract

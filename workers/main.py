@@ -19,14 +19,13 @@ from aiokafka.errors import KafkaError
 from stam.config import Settings
 from stam.errors import StagesBacklog, UnknownStage
 from stam.logs import faust_worker
-from stam.metrics import BACKGROUND_FAILURES
 from stam.recovery import install
 from stam.stage_thread import STAGE_THREAD
 from topology import topics as t
 from topology.admin import unprocessed
 from topology.app import create_app
 from workers import extract, impact, link, update
-from workers.common import Fault, classify
+from workers.common import background_failed
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
@@ -83,7 +82,7 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
             await asyncio.get_running_loop().run_in_executor(
                 STAGE_THREAD, lambda: runtime.deps.embedder.embed(["warm-up sentence for the embedding model"] * 8))
         except Exception as exc:  # noqa: BLE001 - a store outage at start: the stages wait it out themselves
-            _background_failed("warm_up", exc)
+            background_failed("warm_up", exc)
             return
         log.info("write-path worker ready (stores and embedding model loaded; stages %s, consumer group %s)",
                  ",".join(stages), settings.app_id)
@@ -98,7 +97,7 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
                 await asyncio.get_running_loop().run_in_executor(
                     STAGE_THREAD, lambda: runtime.deps.vectors.flush_own_writes())
             except Exception as exc:  # noqa: BLE001
-                _background_failed("seal_segments", exc)
+                background_failed("seal_segments", exc)
 
     install(app, runtime.topics, runtime.durability)
     install_ops(app, settings, group=settings.app_id, readiness=Readiness(
@@ -106,14 +105,6 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
         model_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else ""))
 
     return app, runtime
-
-
-def _background_failed(task: str, exc: BaseException) -> None:
-    BACKGROUND_FAILURES.labels(task=task, error_type=type(exc).__name__).inc()
-    if classify(exc) is Fault.TRANSIENT:  # an outage (a Milvus error is sorted by its code): one line, no trace
-        log.warning("%s failed (%s); the worker goes on", task, type(exc).__name__)
-    else:
-        log.error("%s failed; the worker goes on", task, exc_info=exc)
 
 
 def check_no_stage_backlog(settings: Settings) -> None:

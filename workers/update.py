@@ -28,9 +28,9 @@ from schemas import DeletionOrder, ImpactedEntry
 from stam.errors import MessageTooLarge, StateRolledBack
 from stam.metrics import ARCHIVE_REFUSED, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
 from stam.stage_thread import STAGE_THREAD
-from stam.stages import Deps, UpdateResult, deferred_to_update, delete_batch, extract_signed_batch, update_batch
+from stam.stages import Deps, UpdateResult, deferred_to_update, delete_batch, update_batch
 from workers.common import OUTPUT_LIMIT, background_failed, run_batch, seal, send_bytes
-from workers.extract import VerifiedEntry, verifier
+from workers.extract import VerifiedEntry, extract_verified, verifier
 from workers.outbox import DeliveredOutboxes, Republisher
 from workers.runtime import Runtime
 from workers.sweep import ScheduledSweep
@@ -67,8 +67,7 @@ class Applier:
     def apply_entries(self, items: list[VerifiedEntry], deps: Deps) -> list[Done]:
         """The one-hop write path: extract the entries, then apply them, linking and impact done by the update
         (:func:`stam.stages.deferred_to_update`)."""
-        extracted = extract_signed_batch([(x.entry, x.source_system) for x in items], deps)
-        return self.apply(deferred_to_update(extracted), deps)
+        return self.apply(deferred_to_update(extract_verified(items, deps)), deps)
 
     def apply_deletions(self, orders: list[DeletionOrder], deps: Deps) -> list[Done]:
         results = self.recovering(delete_batch, orders, deps)
