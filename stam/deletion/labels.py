@@ -46,10 +46,10 @@ class Endurance(StrEnum):
 
 
 MIMIC_ITEMS = "mimic-d-items"
-"""Suffix of the MIMIC-IV charted-items code system (stam/sources/mimic.py SYS_ITEMS)."""
+"""Suffix of the MIMIC-IV charted-items code system (stam/sources/mimic/codes.py SYS_ITEMS)."""
 
 MIMIC_LABITEMS = "mimic-d-labitems"
-"""Suffix of the MIMIC-IV laboratory-items code system (stam/sources/mimic.py SYS_LAB)."""
+"""Suffix of the MIMIC-IV laboratory-items code system (stam/sources/mimic/codes.py SYS_LAB)."""
 
 VITAL_LOINC = frozenset({
     "85353-1", "85354-9", "8480-6", "8462-4", "8478-0",  # vital signs panel, blood pressure panel, systolic, diastolic, mean

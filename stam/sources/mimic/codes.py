@@ -1,0 +1,28 @@
+"""The code systems of MIMIC-IV entries (the MIMIC FHIR code systems, NDC, ICD procedure and HCPCS sets) and the
+codes of the patient's demographics."""
+
+from __future__ import annotations
+
+SOURCE = "mimic-iv"
+MIMIC_CS = "http://mimic.mit.edu/fhir/mimic/CodeSystem/"
+SYS_ORDER = MIMIC_CS + "mimic-poe-order"
+SYS_PHARMACY_ORDER = MIMIC_CS + "mimic-pharmacy-order"
+SYS_DRUG = MIMIC_CS + "mimic-medication-name"
+SYS_FORMULARY = MIMIC_CS + "mimic-medication-formulary-drug-cd"
+SYS_NDC = "http://hl7.org/fhir/sid/ndc"
+SYS_LAB = MIMIC_CS + "mimic-d-labitems"
+SYS_ITEMS = MIMIC_CS + "mimic-d-items"
+SYS_MICRO = MIMIC_CS + "mimic-microbiology-test"
+SYS_MICRO_SUSC = MIMIC_CS + "mimic-microbiology-susceptibility"
+SYS_OMR = MIMIC_CS + "mimic-observation-omr"
+SYS_ENCOUNTER = MIMIC_CS + "mimic-encounter-concept"
+SYS_ICD9_PROC = MIMIC_CS + "mimic-procedure-icd9"
+SYS_ICD10_PCS = "http://www.cms.gov/Medicare/Coding/ICD10"
+SYS_HCPCS = "http://www.cms.gov/Medicare/Coding/HCPCSReleaseCodeSets"
+SYS_PATIENT = MIMIC_CS + "mimic-patient"
+LOINC_SEX = "76689-9"
+"""LOINC "Sex assigned at birth" (MIMIC's ``gender``)."""
+LOINC_AGE = "30525-0"
+"""LOINC "Age" (MIMIC's ``anchor_age``: the age in the anchor year)."""
+ANCHOR_YEAR = "anchor-year"
+"""The code of the anchor year: the de-identified calendar year in which the patient's age is ``anchor_age``."""
