@@ -37,8 +37,11 @@ Rules (documented here because the publisher and the reasoner rely on them):
 * Refused whole (dead letters): SIU scheduling, ADT identity operations (A40/A41/A45/A47...), A29, BAR^P02,
   unsupported types, and messages whose segments yield no clinical fact (e.g. A28/A31 with PID/PV1 only).
 
-Layout: ``tables`` (vocabulary and status tables), ``parsing`` (bytes -> segments), ``mapping`` (segments
--> entries) and this module (files -> :class:`Hl7Result`, the ``FORMAT`` of the source registry).
+Layout: ``tables`` (vocabulary and status tables), ``parsing`` (bytes -> segments), ``message`` (the header, the
+patient and the helpers every segment is mapped with), one module per segment group (``visits``: PV1/DG1/PR1;
+``allergies_problems``: AL1/IAM/PRB; ``results``: report OBR/OBX and MDM documents; ``orders``: order OBR and the
+pharmacy/immunization segments of an ORC group), ``mapping`` (:class:`Mapper`: a message walked, segments -> entries)
+and this module (files -> :class:`Hl7Result`, the ``FORMAT`` of the source registry).
 """
 
 from __future__ import annotations
