@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -195,68 +196,74 @@ def demo() -> int:
     return 0
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
-    from stam.fhir.resources import ENTRY_SYSTEM, derived_id
-    from stam.fhir.topics import TOPICS
-    from stam.fhir.validate import check_notification
+def read_feed(args: argparse.Namespace) -> tuple[list[Any], list[Any], list[Any], list[Any]]:
+    """The Synthea patient, the admitted MIMIC-IV patient, the warm-up entries (not measured) and the whole measured
+    feed (the Synthea patient, the admitted one, then the hospital's feed)."""
     from stam.sources.mimic import iter_mimic
-    from tests.integration.fhir_receiver import Receiver
 
     synthea = _synthea_patient()
     admitted = [e for batch in iter_mimic(MIMIC, subjects=[MIMIC_PATIENT]) for e in batch]
     hospital = [e for e in load_feed(None) if e.patient_id != MIMIC_PATIENT]
     warm = hospital[:args.warmup]
     feed = synthea + admitted + hospital[args.warmup:args.warmup + args.entries]
-    entry_of = {derived_id("entry", e.entry_id): e.entry_id for e in feed}
-    with tempfile.TemporaryDirectory(prefix="stam-bench-fhir-") as tmp:
-        home = Path(tmp)
-        receiver = Receiver(home)
-        with stack_with_workers(home / "stack", 1) as (settings, _, _):
-            proc, port, metrics_port, log = _start_notifier(settings, home / "stack", receiver.cert)
-            base = f"http://127.0.0.1:{port}/fhir"
-            sent: dict[str, float] = {}
-            try:
-                async def run() -> float:
-                    await _publish_at(settings, warm, None, {})  # not measured: the worker loads, joins, applies
-                    from tests.integration.broker import collect_outputs
+    return synthea, admitted, warm, feed
 
-                    await collect_outputs(settings, {warm[-1].entry_id}, timeout=1200)
-                    await receiver.start()
-                    specs = [(f"{t}-{v}", t, v, "full-resource", True) for t in TOPICS for v in VERSIONS]
-                    await _subscribe(base, receiver, specs)  # type: ignore[arg-type]
-                    t0 = time.monotonic()
-                    await _publish_at(settings, feed, args.rate, sent)
-                    await collect_outputs(settings, {feed[-1].entry_id}, timeout=1800)
-                    last = -1
-                    while len(receiver.got) != last:  # until the notifications stop coming
-                        last = len(receiver.got)
-                        await asyncio.sleep(5)
-                    await receiver.stop()
-                    return time.monotonic() - t0
 
-                seconds = asyncio.run(run())
-                metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-                log.close()
+async def measure(settings: Any, receiver: Any, base: str, warm: list[Any], feed: list[Any], rate: float | None,
+                  sent: dict[str, float]) -> float:
+    """Warm the worker up, subscribe to every topic in every version, publish the feed at ``rate`` and wait until
+    the notifications stop coming: seconds from the first entry published."""
+    from stam.fhir.topics import TOPICS
+    from tests.integration.broker import collect_outputs
 
-    lat: dict[str, list[float]] = {"total": [], "to_applied": [], "applied_to_notified": []}
-    per_topic: dict[str, list[float]] = {t: [] for t in TOPICS}
-    candidates: dict[str, list[dict[str, Any]]] = {}
-    problems: list[str] = []
-    events = 0
+    await _publish_at(settings, warm, None, {})  # not measured: the worker loads, joins, applies
+    await collect_outputs(settings, {warm[-1].entry_id}, timeout=1200)
+    await receiver.start()
+    specs = [(f"{t}-{v}", t, v, "full-resource", True) for t in TOPICS for v in VERSIONS]
+    await _subscribe(base, receiver, specs)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    await _publish_at(settings, feed, rate, sent)
+    await collect_outputs(settings, {feed[-1].entry_id}, timeout=1800)
+    last = -1
+    while len(receiver.got) != last:  # until the notifications stop coming
+        last = len(receiver.got)
+        await asyncio.sleep(5)
+    await receiver.stop()
+    return time.monotonic() - t0
+
+
+@dataclass
+class Received:
+    """What the notifications received show: latencies (total, to the transition, from it to the notification, per
+    topic), the event bundles per subscription, validation problems and the events counted."""
+
+    lat: dict[str, list[float]]
+    per_topic: dict[str, list[float]]
+    candidates: dict[str, list[dict[str, Any]]]
+    problems: list[str]
+    events: int
+
+
+def read_notifications(got: list[Any], entry_of: dict[str, str], sent: dict[str, float]) -> Received:
+    """Validate every notification received and time each event's entry: its Provenance names the entry and when its
+    transition was recorded."""
     from datetime import datetime
 
-    for r in receiver.got:
+    from stam.fhir.resources import ENTRY_SYSTEM
+    from stam.fhir.topics import TOPICS
+    from stam.fhir.validate import check_notification
+
+    out = Received(lat={"total": [], "to_applied": [], "applied_to_notified": []},
+                   per_topic={t: [] for t in TOPICS}, candidates={}, problems=[], events=0)
+    for r in got:
         version = r.hook.rsplit("-", 1)[1]
         topic = r.hook.rsplit("-", 1)[0]
         bad = check_notification(r.bundle, version)  # type: ignore[arg-type]
-        problems.extend(f"{r.hook}: {p}" for p in bad)
+        out.problems.extend(f"{r.hook}: {p}" for p in bad)
         if r.type != "event-notification":
             continue
-        events += len(r.numbers)
-        candidates.setdefault(r.hook, []).append(r.bundle)
+        out.events += len(r.numbers)
+        out.candidates.setdefault(r.hook, []).append(r.bundle)
         for e in r.bundle["entry"][1:]:
             res = e.get("resource") or {}
             if res.get("resourceType") != "Provenance":
@@ -266,22 +273,48 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
             if entry_id is None or entry_id not in sent:
                 continue
             applied = datetime.fromisoformat(res["recorded"]).timestamp()
-            lat["total"].append(r.at - sent[entry_id])
-            lat["to_applied"].append(applied - sent[entry_id])
-            lat["applied_to_notified"].append(r.at - applied)
-            per_topic[topic].append(r.at - sent[entry_id])
-    samples = {hook: pick(bundles, entry_of) for hook, bundles in candidates.items()}
+            out.lat["total"].append(r.at - sent[entry_id])
+            out.lat["to_applied"].append(applied - sent[entry_id])
+            out.lat["applied_to_notified"].append(r.at - applied)
+            out.per_topic[topic].append(r.at - sent[entry_id])
+    return out
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    from stam.fhir.resources import derived_id
+    from stam.fhir.topics import TOPICS
+    from tests.integration.fhir_receiver import Receiver
+
+    synthea, admitted, warm, feed = read_feed(args)
+    entry_of = {derived_id("entry", e.entry_id): e.entry_id for e in feed}
+    with tempfile.TemporaryDirectory(prefix="stam-bench-fhir-") as tmp:
+        home = Path(tmp)
+        receiver = Receiver(home)
+        with stack_with_workers(home / "stack", 1) as (settings, _, _):
+            proc, port, metrics_port, log = _start_notifier(settings, home / "stack", receiver.cert)
+            base = f"http://127.0.0.1:{port}/fhir"
+            sent: dict[str, float] = {}
+            try:
+                seconds = asyncio.run(measure(settings, receiver, base, warm, feed, args.rate, sent))
+                metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+                log.close()
+
+    got = read_notifications(receiver.got, entry_of, sent)
+    samples = {hook: pick(bundles, entry_of) for hook, bundles in got.candidates.items()}
     return {
         "benchmark": "fhir_notifications",
         "feed": {"entries": len(feed), "synthea_entries": len(synthea), "mimic_patient_entries": len(admitted),
                  "mimic_entries": len(feed) - len(synthea),
                  "warmup_entries": len(warm), "rate_per_s": args.rate, "seconds": round(seconds, 1)},
-        "subscriptions": len(TOPICS) * len(VERSIONS), "notifications": len(receiver.got), "events": events,
-        "validation_problems": problems[:20], "bundles_checked": len(receiver.got),
-        "latency_entry_to_notification": _summary(lat["total"]),
-        "latency_entry_to_transition": _summary(lat["to_applied"]),
-        "latency_transition_to_notification": _summary(lat["applied_to_notified"]),
-        "latency_by_topic": {t: _summary(v) for t, v in per_topic.items()},
+        "subscriptions": len(TOPICS) * len(VERSIONS), "notifications": len(receiver.got), "events": got.events,
+        "validation_problems": got.problems[:20], "bundles_checked": len(receiver.got),
+        "latency_entry_to_notification": _summary(got.lat["total"]),
+        "latency_entry_to_transition": _summary(got.lat["to_applied"]),
+        "latency_transition_to_notification": _summary(got.lat["applied_to_notified"]),
+        "latency_by_topic": {t: _summary(v) for t, v in got.per_topic.items()},
         "metrics": [line for line in metrics.splitlines() if line.startswith("stam_fhir_notifications_total")],
         "samples": samples,
     }

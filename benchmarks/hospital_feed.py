@@ -368,7 +368,7 @@ def floor(messages: int, payload: int, fanout: int) -> dict[str, Any]:
     return floor_run(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout), "s3")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", type=int, default=20000, help="entries of the feed measured (from its start)")
     parser.add_argument("--warmup", type=int, default=2000, help="entries applied first as other patients")
@@ -388,7 +388,58 @@ def main() -> None:
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
                              "during the measurement, as on a deployment's first day (default: the feed's concept "
                              "vectors are put in the cache first, as a hospital's steady state finds them)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def rate_runs(args: argparse.Namespace, report: dict[str, Any], ones: dict[str, Any], feed: Sequence[Any],
+              warm: Sequence[Any], vocabulary: Vocabulary | None) -> None:
+    """The fixed-rate runs into ``report``: each write path at ``--load`` fractions of its own flat-out rate, or all
+    at one rate (``--rate``, else 80% of the first write path's one-worker rate)."""
+    for stages in args.stages:
+        tail = "" if stages == "all" else f"_{stages}"
+        if args.load:  # each write path at fractions of its own flat-out rate
+            own = ones.get(stages, {}).get("entries_per_s")
+            if not own:
+                sys.exit("--load needs the one-worker run of each write path (--runs one rate)")
+            for share in args.load:
+                report[f"one_worker_at_{round(share * 100)}pct{tail}"] = {
+                    "load": share, **run(feed, warm, 1, round(share * own, 1), args.quiet, vocabulary, stages)}
+            continue
+        first = ones.get(args.stages[0])  # one rate for every write path: the first one's 80% unless --rate
+        rate = args.rate or (round(0.8 * first["entries_per_s"], 1) if first and first["entries_per_s"] else None)
+        if rate is None:
+            sys.exit("--rate is needed when the one-worker run is not part of this run")
+        report[f"one_worker_at_rate{tail}"] = run(feed, warm, 1, rate, args.quiet, vocabulary, stages)
+
+
+def floor_runs(report: dict[str, Any], ones: dict[str, Any], feed: Sequence[Any], one: dict[str, Any] | None) -> None:
+    """The Faust floor with this feed's message sizes and fan-out into ``report``, and each write path against it."""
+    from schemas import ImpactedEntry
+    from stam.reasoning.coded import CodedReasoner
+
+    sample = feed[:: max(1, len(feed) // 500)]
+    coded = CodedReasoner()
+    sizes = [len(ImpactedEntry(entry=e, memories=tuple(coded.extract(e)), relations=(), candidates={},
+                               state_version=0).model_dump_json()) for e in sample]
+    fanout = max(1, round(one["transitions"] / one["applied"])) if one and one.get("applied") else 2
+    report["faust_floor"] = floor(len(feed), int(np.mean(sizes)), fanout)
+    for stages, run_one in ones.items():
+        if not run_one.get("entries_per_s"):
+            continue
+        tail = "" if stages == "all" else f"_{stages}"
+        report[f"write_path_floor_ratio{tail}"] = round(
+            run_one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
+        # Where both runs keep every core busy (their cpu.cores_busy ~ cores), entries/s ~ cores / CPU per entry,
+        # and the ratio of the CPU per entry is the best ratio this machine allows the write path: what its own
+        # work (embedding, state, stores) costs on top of the hops.
+        floor_ms = report["faust_floor"].get("cpu", {}).get("cpu_ms_per_entry_total")
+        write_ms = run_one.get("cpu", {}).get("cpu_ms_per_entry_total")
+        if floor_ms and write_ms:
+            report[f"cpu_bound_ratio{tail}"] = round(floor_ms / write_ms, 3)
+
+
+def main() -> None:
+    args = parse_args()
     if not MIMIC.is_dir():
         sys.exit(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
     t0 = time.monotonic()
@@ -413,45 +464,10 @@ def main() -> None:
             ones[stages] = report[f"one_worker{tail}"] = run(feed, warm, 1, None, args.quiet, vocabulary, stages)
         if "two" in args.runs:
             report[f"two_workers{tail}"] = run(feed, warm, 2, None, args.quiet, vocabulary, stages)
-    for stages in args.stages if "rate" in args.runs else ():
-        tail = "" if stages == "all" else f"_{stages}"
-        if args.load:  # each write path at fractions of its own flat-out rate
-            own = ones.get(stages, {}).get("entries_per_s")
-            if not own:
-                sys.exit("--load needs the one-worker run of each write path (--runs one rate)")
-            for share in args.load:
-                report[f"one_worker_at_{round(share * 100)}pct{tail}"] = {
-                    "load": share, **run(feed, warm, 1, round(share * own, 1), args.quiet, vocabulary, stages)}
-            continue
-        first = ones.get(args.stages[0])  # one rate for every write path: the first one's 80% unless --rate
-        rate = args.rate or (round(0.8 * first["entries_per_s"], 1) if first and first["entries_per_s"] else None)
-        if rate is None:
-            sys.exit("--rate is needed when the one-worker run is not part of this run")
-        report[f"one_worker_at_rate{tail}"] = run(feed, warm, 1, rate, args.quiet, vocabulary, stages)
-    one = ones.get(args.stages[0])
+    if "rate" in args.runs:
+        rate_runs(args, report, ones, feed, warm, vocabulary)
     if "floor" in args.runs:
-        from schemas import ImpactedEntry
-        from stam.reasoning.coded import CodedReasoner
-
-        sample = feed[:: max(1, len(feed) // 500)]
-        coded = CodedReasoner()
-        sizes = [len(ImpactedEntry(entry=e, memories=tuple(coded.extract(e)), relations=(), candidates={},
-                                   state_version=0).model_dump_json()) for e in sample]
-        fanout = max(1, round(one["transitions"] / one["applied"])) if one and one.get("applied") else 2
-        report["faust_floor"] = floor(len(feed), int(np.mean(sizes)), fanout)
-        for stages, run_one in ones.items():
-            if not run_one.get("entries_per_s"):
-                continue
-            tail = "" if stages == "all" else f"_{stages}"
-            report[f"write_path_floor_ratio{tail}"] = round(
-                run_one["entries_per_s"] / report["faust_floor"]["entries_per_s"], 3)
-            # Where both runs keep every core busy (their cpu.cores_busy ~ cores), entries/s ~ cores / CPU per entry,
-            # and the ratio of the CPU per entry is the best ratio this machine allows the write path: what its own
-            # work (embedding, state, stores) costs on top of the hops.
-            floor_ms = report["faust_floor"].get("cpu", {}).get("cpu_ms_per_entry_total")
-            write_ms = run_one.get("cpu", {}).get("cpu_ms_per_entry_total")
-            if floor_ms and write_ms:
-                report[f"cpu_bound_ratio{tail}"] = round(floor_ms / write_ms, 3)
+        floor_runs(report, ones, feed, ones.get(args.stages[0]))
     print(json.dumps(stamp(report), indent=1))
 
 

@@ -140,18 +140,8 @@ class Journal:
         return round(sum(self.walls[kind].values()), 1)
 
 
-def run(args: argparse.Namespace) -> int:
-    import ray
-    from ray import serve
-
-    from stam.errors import ReasoningError
-    from stam.llm.client import LLMClient
-    from stam.reasoning import prompts
-    from stam.reasoning.model import ModelReasoner
-    from stam.reasoning.traces import read_traces
-    from stam.serving.app import run as serve_app
-    from stam.serving.config import ServingConfig
-    from stam.serving.options import local_engine, parse_loras
+def held_out_entries(args: argparse.Namespace) -> list[Any]:
+    """The held-out notes (patients the traces never saw) as record entries; their text is not left on disk."""
     from stam.sources.fhir_ndjson import load_ndjson
 
     chosen, seen = held_out_notes(args.traces, args.notes, args.per_patient, args.seed)
@@ -159,7 +149,57 @@ def run(args: argparse.Namespace) -> int:
     lines = [line for ls in chosen.values() for line in ls]
     with tempfile.TemporaryDirectory(prefix="stam-agree-") as tmp:  # note text: not left beside the report
         (Path(tmp) / "DocumentReference.000.ndjson").write_text("\n".join(lines) + "\n")
-        entries = load_ndjson([Path(tmp)]).entries
+        return list(load_ndjson([Path(tmp)]).entries)
+
+
+def extract_row(client: Any, models: dict[str, str], entry: Any) -> dict[str, Any]:
+    """One note's extraction by the served model: its facts (or the error), seconds and token usage."""
+    from stam.errors import ReasoningError
+    from stam.reasoning.model import ModelReasoner
+
+    one = ModelReasoner(client, parallel=1, models=models)  # its own usage: tokens per note, kept on resume
+    t = time.perf_counter()
+    try:
+        mems = one.extract(entry)
+        facts = [[m.category.value, (m.embed_text or m.text).split(": ", 1)[-1], m.status or ""]
+                 for m in mems if m.category.value != "note"]
+        error = None
+    except ReasoningError as exc:
+        facts, error = [], str(exc)[:300]
+    return {"note": entry.entry_id, "facts": facts, "error": error, "seconds": round(time.perf_counter() - t, 2),
+            "usage": one.usage["extraction"].as_dict()}
+
+
+def judgement_row(client: Any, trace: Any, *, max_tokens: int, model: str | None) -> dict[str, Any]:
+    """One recorded link+update call asked of the served model: its reply (or the raw text it could not parse),
+    the teacher's, seconds and tokens."""
+    from stam.reasoning import prompts
+
+    n_current = current_count(trace.messages)
+    t = time.perf_counter()
+    r = client.chat(trace.messages, schema=prompts.judgement_schema(n_current), schema_name="Judgement",
+                    max_tokens=max_tokens, model=model)
+    try:
+        reply: dict[str, Any] | None = prompts.Judgement.model_validate_json(r.content).model_dump()
+    except ValueError:
+        reply = None
+    return {"call": call_key(trace.messages), "reply": reply, "raw": None if reply else r.content[:500],
+            "teacher": json.loads(trace.reply), "seconds": round(time.perf_counter() - t, 2),
+            "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}
+
+
+def run(args: argparse.Namespace) -> int:
+    import ray
+    from ray import serve
+
+    from stam.llm.client import LLMClient
+    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.traces import read_traces
+    from stam.serving.app import run as serve_app
+    from stam.serving.config import ServingConfig
+    from stam.serving.options import local_engine, parse_loras
+
+    entries = held_out_entries(args)
     judge = [t for t in read_traces(args.traces / "val.jsonl") if t.module == "update"][: args.judgements or None]
 
     loras = parse_loras(args.lora)
@@ -177,45 +217,30 @@ def run(args: argparse.Namespace) -> int:
     serve_app(ServingConfig(engine=engine, port=port), blocking=False, num_cpus=2, log_to_driver=False)
     serve_start_s = time.perf_counter() - t0
 
-    def extract(i: int) -> dict[str, Any]:
-        e = entries[i]
-        one = ModelReasoner(client, parallel=1, models=models)  # its own usage: tokens per note, kept on resume
-        t = time.perf_counter()
-        try:
-            mems = one.extract(e)
-            facts = [[m.category.value, (m.embed_text or m.text).split(": ", 1)[-1], m.status or ""]
-                     for m in mems if m.category.value != "note"]
-            error = None
-        except ReasoningError as exc:
-            facts, error = [], str(exc)[:300]
-        return {"note": e.entry_id, "facts": facts, "error": error, "seconds": round(time.perf_counter() - t, 2),
-                "usage": one.usage["extraction"].as_dict()}
-
-    def judgement(i: int) -> dict[str, Any]:
-        tr = judge[i]
-        n_current = current_count(tr.messages)
-        t = time.perf_counter()
-        r = client.chat(tr.messages, schema=prompts.judgement_schema(n_current), schema_name="Judgement",
-                        max_tokens=reasoner.judge_max_tokens, model=args.judge_model or None)
-        try:
-            reply: dict[str, Any] | None = prompts.Judgement.model_validate_json(r.content).model_dump()
-        except ValueError:
-            reply = None
-        return {"call": call_key(tr.messages), "reply": reply, "raw": None if reply else r.content[:500],
-                "teacher": json.loads(tr.reply), "seconds": round(time.perf_counter() - t, 2),
-                "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens}
-
     try:
         with ThreadPoolExecutor(args.concurrency) as pool:
-            journal.phase("note", pool, extract, len(entries))
-            journal.phase("judgement", pool, judgement, len(judge))
+            journal.phase("note", pool, lambda i: extract_row(client, models, entries[i]), len(entries))
+            journal.phase("judgement", pool, lambda i: judgement_row(
+                client, judge[i], max_tokens=reasoner.judge_max_tokens, model=args.judge_model or None), len(judge))
     finally:
         serve.shutdown()  # type: ignore[no-untyped-call]
         ray.shutdown()
+    report = stamp(run_report(args, journal, loras=loras, models=models, prompts=reasoner.prompts,
+                              serve_start_s=serve_start_s))
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    args.out.chmod(0o600)  # note facts: patient data
+    journal.path.unlink()
+    print(json.dumps({k: v for k, v in report.items() if k not in ("notes", "judgements")}))
+    return 0
+
+
+def run_report(args: argparse.Namespace, journal: Journal, *, loras: Any, models: dict[str, str], prompts: Any,
+               serve_start_s: float) -> dict[str, Any]:
+    """The run's report (before its provenance): what was served, the wall times, the usage, and every row."""
     notes_out, calls_out = journal.rows("note"), journal.rows("judgement")
-    report = {
+    return {
         "benchmark": "llm_agreement", "model": args.model, "engine": args.engine, "loras": loras,
-        "adapters": {k: v for k, v in models.items() if v}, "prompts": reasoner.prompts,
+        "adapters": {k: v for k, v in models.items() if v}, "prompts": prompts,
         "traces": str(args.traces), "seed": args.seed, "concurrency": args.concurrency,
         "serve_start_s": round(serve_start_s, 1), "runs": journal.segment,
         "extraction_wall_s": journal.wall("note"), "judgement_wall_s": journal.wall("judgement"),
@@ -226,12 +251,6 @@ def run(args: argparse.Namespace) -> int:
                                   "completion_tokens": sum(c["completion_tokens"] for c in calls_out)}},
         "notes": notes_out, "judgements": calls_out,
     }
-    report = stamp(report)
-    args.out.write_text(json.dumps(report, indent=1) + "\n")
-    args.out.chmod(0o600)  # note facts: patient data
-    journal.path.unlink()
-    print(json.dumps({k: v for k, v in report.items() if k not in ("notes", "judgements")}))
-    return 0
 
 
 # --- compare ----------------------------------------------------------------------------------------------

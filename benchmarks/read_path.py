@@ -41,6 +41,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +172,90 @@ def ask(loop: asyncio.AbstractEventLoop, svc: QueryService, req: QueryRequest) -
     return elapsed, answer.packet
 
 
+def make_request(args: argparse.Namespace, rid: str, i: int, q: str, arm: GateMode) -> QueryRequest:
+    """The question ``q`` to patient ``i`` in gate arm ``arm``, with the run's k."""
+    return QueryRequest(request_id=rid, patient_id=_pid(i), question=q, gate=arm, k_active=args.k_active,
+                        k_history=args.k_history)
+
+
+def cold_pass(args: argparse.Namespace, loop: asyncio.AbstractEventLoop, svc: QueryService, rng: random.Random,
+              sample: list[int], plans: list[list[Chain]], vocab: list[Concept]) -> dict[GateMode, list[float]]:
+    """The first query of each sampled patient (records from Redis, concept vectors from the shared cache), the arms
+    in turn: latencies per arm."""
+    _log(f"cold pass: first query of {len(sample)} patients (records from Redis, concept vectors from the shared "
+         "cache)")
+    cold: dict[GateMode, list[float]] = {a: [] for a in ARMS}
+    started = time.perf_counter()
+    for n, i in enumerate(sample):
+        arm = ARMS[n % len(ARMS)]
+        elapsed, _ = ask(loop, svc, make_request(args, f"cold-{n}", i, question(rng, plans[i], vocab), arm))
+        cold[arm].append(elapsed)
+        if (n + 1) % max(1, len(sample) // 5) == 0:
+            _log(f"  cold {n + 1}/{len(sample)} ({time.perf_counter() - started:.1f}s)")
+    return cold
+
+
+def warm_timelines(svc: QueryService, rest: list[int], min_free_gb: float, warm_set: list[int]) -> None:
+    """Load the timelines of the ``rest`` of the patients into ``warm_set``, until the machine runs short of memory."""
+    _log(f"warming the timelines of the other {len(rest)} patients")
+    for n, i in enumerate(rest):
+        if n % 50 == 0:
+            avail = _mem_available_gb()
+            if avail is not None and avail < min_free_gb:
+                _log(f"WARNING: {avail:.1f} GB left: warming stops at {n} patients (--min-free-gb)")
+                break
+        svc.timeline(_pid(i))
+        warm_set.append(i)
+
+
+@dataclass
+class WarmPass:
+    """What the warm passes measured: latencies per mode and arm; question embedding times, packet tokens and items
+    per arm, and the auto gate's decisions (the question_embedded pass only)."""
+
+    embed_s: list[float] = field(default_factory=list)
+    warm: dict[str, dict[GateMode, list[float]]] = field(default_factory=lambda: {
+        "question_embedded": {a: [] for a in ARMS}, "question_cached": {a: [] for a in ARMS}})
+    tokens: dict[GateMode, list[int]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    items: dict[GateMode, list[int]] = field(default_factory=lambda: {a: [] for a in ARMS})
+    gate_reasons: Counter[str] = field(default_factory=Counter)
+    skipped: int = 0
+
+    def count_packet(self, arm: GateMode, packet: Any) -> None:
+        """A packet's tokens and items, and in the auto arm why the gate served history or not."""
+        self.tokens[arm].append(packet.tokens)
+        self.items[arm].append(len(packet.items))
+        if arm is GateMode.AUTO:
+            self.skipped += not packet.gate.serve_history
+            g = packet.gate
+            self.gate_reasons["history_cue" if g.cue else "history_empty" if g.s_history is None
+                              else "margin_served" if g.serve_history else "margin_skipped"] += 1
+
+
+def warm_passes(args: argparse.Namespace, loop: asyncio.AbstractEventLoop, svc: QueryService,
+                queries: list[tuple[int, int, str]], plain: Embedder, cached: Embedder) -> WarmPass:
+    """Every query in every arm, twice: the question embedded per query, then found in the embedder's cache."""
+    out = WarmPass()
+    for mode, embedder in (("question_embedded", plain), ("question_cached", cached)):
+        _log(f"warm pass ({mode}): {args.queries} queries x {len(ARMS)} arms")
+        svc.embedder = embedder
+        started = time.perf_counter()
+        for n, i, q in queries:
+            if mode == "question_embedded":
+                t0 = time.perf_counter()
+                plain.embed([q])
+                out.embed_s.append(time.perf_counter() - t0)
+            for k in range(len(ARMS)):
+                arm = ARMS[(n + k) % len(ARMS)]
+                elapsed, packet = ask(loop, svc, make_request(args, f"{mode}-{n}-{arm.value}", i, q, arm))
+                out.warm[mode][arm].append(elapsed)
+                if mode == "question_embedded":
+                    out.count_packet(arm, packet)
+            if (n + 1) % max(1, args.queries // 5) == 0:
+                _log(f"  {mode} {n + 1}/{args.queries} ({time.perf_counter() - started:.1f}s)")
+    return out
+
+
 def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, plans: list[list[Chain]],
                 vocab: list[Concept], cached: Embedder, concept_vectors: np.ndarray) -> dict[str, Any]:
     tokenizer = load_tokenizer("all-MiniLM-L6-v2")
@@ -181,10 +266,6 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
     loop = asyncio.new_event_loop()
     rng = random.Random(f"{args.seed}:queries")
 
-    def request(rid: str, i: int, q: str, arm: GateMode) -> QueryRequest:
-        return QueryRequest(request_id=rid, patient_id=_pid(i), question=q, gate=arm, k_active=args.k_active,
-                            k_history=args.k_history)
-
     # Warm the model and tokenizer on a throwaway question (not a patient touch).
     plain.embed(["warm-up question"])
     tokenizer.count("warm-up")
@@ -193,27 +274,9 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
     order = list(range(args.patients))
     rng.shuffle(order)
     sample = order[: args.cold_sample]
-    _log(f"cold pass: first query of {len(sample)} patients (records from Redis, concept vectors from the shared "
-         "cache)")
-    cold: dict[GateMode, list[float]] = {a: [] for a in ARMS}
-    started = time.perf_counter()
-    warm_set: list[int] = []
-    for n, i in enumerate(sample):
-        warm_set.append(i)
-        arm = ARMS[n % len(ARMS)]
-        elapsed, _ = ask(loop, svc, request(f"cold-{n}", i, question(rng, plans[i], vocab), arm))
-        cold[arm].append(elapsed)
-        if (n + 1) % max(1, len(sample) // 5) == 0:
-            _log(f"  cold {n + 1}/{len(sample)} ({time.perf_counter() - started:.1f}s)")
-    _log(f"warming the timelines of the other {len(order) - len(sample)} patients")
-    for n, i in enumerate(order[len(sample):]):
-        if n % 50 == 0:
-            avail = _mem_available_gb()
-            if avail is not None and avail < args.min_free_gb:
-                _log(f"WARNING: {avail:.1f} GB left: warming stops at {n} patients (--min-free-gb)")
-                break
-        svc.timeline(_pid(i))
-        warm_set.append(i)
+    cold = cold_pass(args, loop, svc, rng, sample, plans, vocab)
+    warm_set = list(sample)
+    warm_timelines(svc, order[len(sample):], args.min_free_gb, warm_set)
     rss_warm = _proc_mb("self", "VmRSS")
 
     queries = []
@@ -221,52 +284,30 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
         i = rng.choice(warm_set)
         queries.append((n, i, question(rng, plans[i], vocab)))
     cached.embed([q for _, _, q in queries])  # the cached arm finds every question in the cache
-
-    embed_s: list[float] = []
-    warm: dict[str, dict[GateMode, list[float]]] = {"question_embedded": {a: [] for a in ARMS},
-                                                     "question_cached": {a: [] for a in ARMS}}
-    tokens: dict[GateMode, list[int]] = {a: [] for a in ARMS}
-    items: dict[GateMode, list[int]] = {a: [] for a in ARMS}
-    gate_reasons: Counter[str] = Counter()
-    skipped = 0
-    for mode, embedder in (("question_embedded", plain), ("question_cached", cached)):
-        _log(f"warm pass ({mode}): {args.queries} queries x {len(ARMS)} arms")
-        svc.embedder = embedder
-        started = time.perf_counter()
-        for n, i, q in queries:
-            if mode == "question_embedded":
-                t0 = time.perf_counter()
-                plain.embed([q])
-                embed_s.append(time.perf_counter() - t0)
-            for k in range(len(ARMS)):
-                arm = ARMS[(n + k) % len(ARMS)]
-                elapsed, packet = ask(loop, svc, request(f"{mode}-{n}-{arm.value}", i, q, arm))
-                warm[mode][arm].append(elapsed)
-                if mode == "question_embedded":
-                    tokens[arm].append(packet.tokens)
-                    items[arm].append(len(packet.items))
-                    if arm is GateMode.AUTO:
-                        skipped += not packet.gate.serve_history
-                        g = packet.gate
-                        gate_reasons["history_cue" if g.cue else "history_empty" if g.s_history is None
-                                     else "margin_served" if g.serve_history else "margin_skipped"] += 1
-            if (n + 1) % max(1, args.queries // 5) == 0:
-                _log(f"  {mode} {n + 1}/{args.queries} ({time.perf_counter() - started:.1f}s)")
+    measured = warm_passes(args, loop, svc, queries, plain, cached)
     loop.close()
+    return queries_report(args, svc, tokenizer, cold, measured, warm_set=warm_set, queries=len(queries),
+                          rss_before=rss_before, rss_warm=rss_warm)
 
+
+def queries_report(args: argparse.Namespace, svc: QueryService, tokenizer: Tokenizer, cold: dict[GateMode, list[float]],
+                   measured: WarmPass, *, warm_set: list[int], queries: int, rss_before: float | None,
+                   rss_warm: float | None) -> dict[str, Any]:
+    """The queries' part of the report: latencies, tokens per arm, the gate's skips, the query process's memory."""
+    tokens, items = measured.tokens, measured.items
     mean_tok = {a: float(np.mean(tokens[a])) for a in ARMS}
-    warm_auto = _pct(warm["question_embedded"][GateMode.AUTO])
+    warm_auto = _pct(measured.warm["question_embedded"][GateMode.AUTO])
     rss_after = _proc_mb("self", "VmRSS")
     cache_mb = (rss_warm or 0) - (rss_before or 0)
     return {
-        "embedding_ms": {"question": _pct(embed_s), "note": "MiniLM on one question; inside question_embedded"},
+        "embedding_ms": {"question": _pct(measured.embed_s), "note": "MiniLM on one question; inside question_embedded"},
         "cold": {a.value: _pct(cold[a]) for a in ARMS},
-        "warm": {mode: {a.value: _pct(v[a]) for a in ARMS} for mode, v in warm.items()},
+        "warm": {mode: {a.value: _pct(v[a]) for a in ARMS} for mode, v in measured.warm.items()},
         "tokens": {
             "per_arm": {a.value: {"mean": round(mean_tok[a], 1), "median": float(np.median(tokens[a])),
                                   "items_mean": round(float(np.mean(items[a])), 2)} for a in ARMS},
-            "history_skip_rate": round(skipped / max(len(queries), 1), 4),
-            "gate_reasons_auto": dict(gate_reasons),
+            "history_skip_rate": round(measured.skipped / max(queries, 1), 4),
+            "gate_reasons_auto": dict(measured.gate_reasons),
             "saved_gate_vs_both_pct": round(100 * (1 - mean_tok[GateMode.AUTO] / mean_tok[GateMode.BOTH]), 2)
             if mean_tok[GateMode.BOTH] else None,
             "tokenizer": tokenizer.name,
@@ -284,7 +325,7 @@ def run_queries(args: argparse.Namespace, url: str, vectors: MilvusVectorStore, 
 # --- main --------------------------------------------------------------------------------------------------
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--patients", type=int, default=1000)
     parser.add_argument("--memories", type=int, default=2000, help="memories per patient")
@@ -313,7 +354,37 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 <= args.history_fraction < 1:
         parser.error("--history-fraction must be in [0, 1)")
+    return args
 
+
+def load_or_reuse(args: argparse.Namespace, home: Path, client: redis.Redis, vectors: MilvusVectorStore,
+                  vocab: list[Concept], concept_vectors: np.ndarray, plans: list[list[Chain]]) -> dict[str, Any]:
+    """The load's report: the data already in ``home`` when ``--reuse`` and it was loaded with this configuration,
+    else a fresh load (refused when ``home`` holds other patient data)."""
+    marker = client.get(MARKER)
+    previous = json.loads(marker) if marker else None
+    if args.reuse and previous and all(previous.get(k) == v for k, v in _fingerprint(args).items()):
+        _log("reusing the loaded data")
+        return dict(previous["load"] | {"reused": True})
+    if client.scard("stam:patients"):
+        raise SystemExit(f"{home} already holds patient data (loaded: {previous and _fingerprint_of(previous)});"
+                         " pass --reuse with the same configuration or use a fresh --home")
+    _log(f"loading {args.patients} x {args.memories} memories")
+    return load(args, client, vectors, vocab, concept_vectors, plans) | {"reused": False}
+
+
+def config(args: argparse.Namespace, vocab: list[Concept]) -> dict[str, Any]:
+    """The report's ``config``: the load's fingerprint, the query settings and the machine's threads and load."""
+    return _fingerprint(args) | {
+        "queries": args.queries, "threshold": args.threshold, "k_active": args.k_active,
+        "k_history": args.k_history, "vocabulary": len(vocab), "cpus": os.cpu_count(),
+        "torch_threads": _torch_threads(), "blas_threads": _blas_threads(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "stores": "redis-server + Milvus Lite server (stam.stack)", "reader": None}
+
+
+def main() -> None:
+    args = parse_args()
     if args.torch_threads:
         import torch
 
@@ -335,17 +406,7 @@ def main() -> None:
         plans = [plan_patient(i, vocab, memories=args.memories, history_fraction=args.history_fraction,
                               seed=args.seed) for i in range(args.patients)]
         vectors = MilvusVectorStore(info.milvus_uri, dim=concept_vectors.shape[1])
-        marker = client.get(MARKER)
-        previous = json.loads(marker) if marker else None
-        if args.reuse and previous and all(previous.get(k) == v for k, v in _fingerprint(args).items()):
-            _log("reusing the loaded data")
-            loaded = previous["load"] | {"reused": True}
-        elif client.scard("stam:patients"):
-            raise SystemExit(f"{home} already holds patient data (loaded: {previous and _fingerprint_of(previous)});"
-                             " pass --reuse with the same configuration or use a fresh --home")
-        else:
-            _log(f"loading {args.patients} x {args.memories} memories")
-            loaded = load(args, client, vectors, vocab, concept_vectors, plans) | {"reused": False}
+        loaded = load_or_reuse(args, home, client, vectors, vocab, concept_vectors, plans)
         loaded["vocab_embed_s"] = round(vocab_embed_s, 2)
         # The write path keeps every coded concept's vector in the shared concept cache; so does the load.
         embedder.shared = RedisVectorCache(client)
@@ -356,12 +417,7 @@ def main() -> None:
         result = run_queries(args, info.redis_url, vectors, plans, vocab, embedder, concept_vectors)
         mem = client.info("memory")
         report = {
-            "config": _fingerprint(args) | {
-                "queries": args.queries, "threshold": args.threshold, "k_active": args.k_active,
-                "k_history": args.k_history, "vocabulary": len(vocab), "cpus": os.cpu_count(),
-                "torch_threads": _torch_threads(), "blas_threads": _blas_threads(),
-                "load_average": [round(x, 2) for x in os.getloadavg()],
-                "stores": "redis-server + Milvus Lite server (stam.stack)", "reader": None},
+            "config": config(args, vocab),
             "load": loaded,
             "redis": {"used_memory_human": mem.get("used_memory_human"), "used_memory": mem.get("used_memory")},
             "milvus_server_rss_mb": _proc_mb(info.pids["milvus"], "VmRSS"),

@@ -81,22 +81,22 @@ def _wait(check: Any, timeout: float, what: str, worker: Any, home: Path) -> Non
     raise AssertionError(f"timed out waiting for {what}: " + (home / "worker.log").read_text()[-2000:])
 
 
-def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, small_bundle: Any,
-                                                   capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    s = cli_env
-    entries = small_bundle.entries
-    good, fixed_a, fixed_b, dropped = entries[:GOOD], entries[GOOD], entries[GOOD + 1], entries[GOOD + 2]
-    states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
+def _broken(e: Any) -> bytes:
+    """An entry that fails the schema (no codes, no text)."""
+    return json.dumps({**json.loads(e.model_dump_json()), "codes": [], "text": None}).encode()
 
+
+def _send_bad_entries(capsys: pytest.CaptureFixture[str], s: Any, entries: list[Any], states: RedisStateStore,
+                      worker: Any, tmp_path: Path) -> None:
+    """The good entries, three bad ones of the patient, a lonely malformed one and a publisher's bad file: four gaps
+    and a dead letter of no known patient."""
+    good, fixed_a, dropped = entries[:GOOD], entries[GOOD], entries[GOOD + 2]
     # A: an entry that fails the schema (no codes, no text); B: bytes that are not JSON at all, keyed by the
     # patient; C: another entry that fails the schema, to be dismissed.
-    def broken(e: Any) -> bytes:
-        return json.dumps({**json.loads(e.model_dump_json()), "codes": [], "text": None}).encode()
-
     asyncio.run(_publish(s, good))
-    asyncio.run(_send_raw(s, SMALL_PATIENT.encode(), [broken(fixed_a), b"\x00not json", broken(dropped)]))
+    asyncio.run(_send_raw(s, SMALL_PATIENT.encode(), [_broken(fixed_a), b"\x00not json", _broken(dropped)]))
     # A patient whose only entry is malformed: no state, but a gap.
-    lonely = json.loads(broken(fixed_a)) | {"patient_id": "gap-only-patient"}
+    lonely = json.loads(_broken(fixed_a)) | {"patient_id": "gap-only-patient"}
     asyncio.run(_send_raw(s, b"gap-only-patient", [json.dumps(lonely).encode()]))
     asyncio.run(_publish(s, [entries[GOOD + 3]]))  # a good entry after them: the stream went on
     _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 1 and len(states.gaps(SMALL_PATIENT)) == 3
@@ -110,6 +110,8 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     bad_file.write_text('{"resourceType": "Bundle", "entry": [{"resource": {"resourceType": "Condition"')
     assert run(capsys, "publish", "--quiet", str(bad_file))[0] == 2
 
+
+def _check_the_gaps_are_visible(capsys: pytest.CaptureFixture[str], fixed_a: Any, dropped: Any) -> None:
     # stam state: the gap line, each gap, and the JSON export's "gaps".
     code, out, _ = run(capsys, "state", "--patient", SMALL_PATIENT)
     assert code == 0
@@ -128,6 +130,9 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     assert len(packet["gaps"]) == 3
     assert "record gap: 3 entries not applied (extract, ValidationError)" in packet["rendered"].splitlines()[1]
 
+
+def _list_and_show(capsys: pytest.CaptureFixture[str], fixed_a: Any, dropped: Any) -> tuple[str, str, str, str]:
+    """The ids of dead letters A, B and C, and of the publisher's."""
     # list: table and JSON, filters; show: the decoded value.
     code, out, _ = run(capsys, "deadletters", "list", "--json")
     listed = json.loads(out)
@@ -147,17 +152,23 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     shown = json.loads(out)
     assert shown["value"]["entry_id"] == fixed_a.entry_id and shown["value"]["codes"] == []
     assert shown["source"].startswith("stam.entries.v1/") and "needs codes or text" in shown["error"]
+    return id_a, id_b, id_c, publisher[-1]["id"]
 
+
+def _check_replay_refusals(capsys: pytest.CaptureFixture[str], id_a: str, id_publisher: str, id_c: str) -> None:
     # Replay refusals: one line, exit 2, nothing sent.
     code, _, err = run(capsys, "deadletters", "replay", id_a)
     assert code == 2 and "fail the RecordEntry schema" in err and "--value-file" in err and err.count("\n") == 1
-    code, _, err = run(capsys, "deadletters", "replay", publisher[-1]["id"])
+    code, _, err = run(capsys, "deadletters", "replay", id_publisher)
     assert code == 2 and "publisher's bad input" in err and "stam publish" in err
     code, _, err = run(capsys, "deadletters", "dismiss", id_c)
     assert code == 2 and "--reason" in err
     code, _, err = run(capsys, "deadletters", "show", "99:99999")
     assert code == 2 and "no dead letter 99:99999" in err
 
+
+def _replay_corrected_and_dismiss(capsys: pytest.CaptureFixture[str], tmp_path: Path, fixed_a: Any, fixed_b: Any,
+                                  id_a: str, id_b: str, id_c: str) -> None:
     # Replay corrected payloads: A (the entry as it should have been) and B (its bytes were not even JSON).
     (tmp_path / "a.json").write_text(fixed_a.model_dump_json())
     (tmp_path / "b.json").write_text(fixed_b.model_dump_json())
@@ -170,9 +181,11 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
                        "--by", "ops")
     assert code == 0 and json.loads(out)["gap_closed"] is True
 
+
+def _replay_the_same_bytes(capsys: pytest.CaptureFixture[str], s: Any, states: RedisStateStore, same: Any) -> str:
+    """D's id."""
     # D: a dead letter whose bytes were fine (the fault was outside the message, e.g. a bug since fixed), as a
     # stage writes it, with its gap recorded as the worker records it: replay sends the same bytes again.
-    same = entries[GOOD + 4]
     letter = DeadLetter(stage="extract", topic=t.ENTRIES.name(s.topic_prefix), partition=0, offset=0,
                         key=base64.b64encode(SMALL_PATIENT.encode()).decode(),
                         value=base64.b64encode(same.model_dump_json().encode()).decode(),
@@ -182,9 +195,13 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     states.record_gap(*gap_of(letter, id_d))  # type: ignore[misc]
     code, out, _ = run(capsys, "deadletters", "replay", id_d)
     assert code == 0 and json.loads(out)["corrected"] is False
+    return id_d
 
-    _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 4 and not states.gaps(SMALL_PATIENT),
-          240, "the replayed entries applied and their gaps closed", worker, s.home)
+
+def _check_every_gap_closed(capsys: pytest.CaptureFixture[str], states: RedisStateStore, entries: list[Any],
+                            ids: tuple[str, str, str, str]) -> None:
+    fixed_a, fixed_b, dropped, same = entries[GOOD], entries[GOOD + 1], entries[GOOD + 2], entries[GOOD + 4]
+    id_a, id_b, id_c, id_d = ids
     state = states.load(SMALL_PATIENT)
     assert {fixed_a.entry_id, fixed_b.entry_id, same.entry_id} <= {m.memory.entry_id for m in state.memories.values()}
     assert dropped.entry_id not in {m.memory.entry_id for m in state.memories.values()}
@@ -202,3 +219,20 @@ def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, sm
     assert status[id_c]["handled"]["by"] == "ops" and status[id_a]["handled"]["by"] == "ops"
     code, out, _ = run(capsys, "deadletters", "list", "--status", "open", "--patient", SMALL_PATIENT)
     assert out.strip() == "no dead letters matching the filters"
+
+
+def test_gaps_are_visible_and_dead_letters_handled(cli_env: Any, worker: Any, small_bundle: Any,
+                                                   capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    s = cli_env
+    entries = small_bundle.entries
+    fixed_a, fixed_b, dropped = entries[GOOD], entries[GOOD + 1], entries[GOOD + 2]
+    states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)
+    _send_bad_entries(capsys, s, entries, states, worker, tmp_path)
+    _check_the_gaps_are_visible(capsys, fixed_a, dropped)
+    id_a, id_b, id_c, id_publisher = _list_and_show(capsys, fixed_a, dropped)
+    _check_replay_refusals(capsys, id_a, id_publisher, id_c)
+    _replay_corrected_and_dismiss(capsys, tmp_path, fixed_a, fixed_b, id_a, id_b, id_c)
+    id_d = _replay_the_same_bytes(capsys, s, states, entries[GOOD + 4])
+    _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 4 and not states.gaps(SMALL_PATIENT),
+          240, "the replayed entries applied and their gaps closed", worker, s.home)
+    _check_every_gap_closed(capsys, states, entries, (id_a, id_b, id_c, id_d))

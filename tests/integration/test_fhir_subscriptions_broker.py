@@ -102,86 +102,106 @@ def expected(transitions: list[dict[str, Any]]) -> dict[str, list[str]]:
     return out
 
 
-def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap(
-        stack_settings: Any, worker: Any, small_bundle: Any, tmp_path: Any) -> None:
-    s = stack_settings
-    entries = small_bundle.entries
-    thirds = [entries[: len(entries) // 3], entries[len(entries) // 3: 2 * len(entries) // 3],
-              entries[2 * len(entries) // 3:]]
-    receiver = Receiver(tmp_path)
-    port, metrics_port = _free_port(), _free_port()
-    base = f"http://127.0.0.1:{port}/fhir"
+class _Flow:
+    """The flow's REST calls and parts, on one stack, receiver and notifier port; ``ids`` are its subscriptions."""
 
+    def __init__(self, s: Any, receiver: Receiver, base: str) -> None:
+        self.s, self.receiver, self.base = s, receiver, base
+        self.ids: dict[str, str] = {}
 
-    async def rest(session: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        async with session.request(method, base + path, json=body) as resp:
+    async def rest(self, session: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        async with session.request(method, self.base + path, json=body) as resp:
             assert resp.content_type == "application/fhir+json"
             return resp.status, await resp.json(content_type=None)
 
-    async def until_applied(part: list[Any]) -> list[dict[str, Any]]:
-        transitions, _ = await collect_outputs(s, {e.entry_id for e in part}, timeout=420)
+    async def until_applied(self, part: list[Any]) -> list[dict[str, Any]]:
+        transitions, _ = await collect_outputs(self.s, {e.entry_id for e in part}, timeout=420)
         assert {e.entry_id for e in part} <= {t["entry_id"] for t in transitions}, "the worker did not apply them"
         return transitions
 
-    async def flow() -> dict[str, Any]:
+    async def subscribe(self, session: aiohttp.ClientSession) -> None:
+        """Subscriptions of each topic, version and content; each gets its handshake."""
+        receiver = self.receiver
+        subs = {
+            # R5, full-resource over TLS, filtered to the patient and a category, with a header and heartbeats
+            "a": r5("fact-superseded", receiver.url("a", tls=True), "full-resource", heartbeat=2,
+                    headers={"X-Stam-Test": "yes"}, patient=f"Patient/{SMALL_PATIENT}", category="observation"),
+            "b": r4b("encounter-ended", receiver.url("b", tls=False), "id-only", heartbeat=2, max_count=5),
+            "c": r5("condition-resolved", receiver.url("c", tls=False), "empty", heartbeat=2),
+            "d": r4b("memory-archived", receiver.url("d", tls=False), "id-only", patient="Patient/nobody"),
+            "e": r4b("memory-archived", receiver.url("e", tls=True), "full-resource", max_count=10),
+        }
+        for hook, body in subs.items():
+            status, created = await self.rest(session, "POST", "/Subscription", body)
+            assert status == 201, created
+            self.ids[hook] = created["id"]
+        # full-resource to a plain-http endpoint is refused (patient data needs TLS)
+        status, refused = await self.rest(session, "POST", "/Subscription",
+                                          r5("fact-superseded", receiver.url("x", tls=False), "full-resource"))
+        assert status == 422 and "https" in refused["issue"][0]["diagnostics"]
+        await receiver.wait(lambda: all(receiver.of(h, "handshake") for h in subs), 60, "the handshakes")
+
+    async def until_kept_for_events(self, session: aiohttp.ClientSession, want: dict[str, list[str]]) -> None:
+        # Wait until a and e have given every event numbered so far up to $events: their status says which
+        # ("events N-M are kept for $events") until a delivery succeeds. A failed heartbeat alone is not the gap
+        # part 3 must recover, and a restart before the last try would deliver the events instead.
+        deadline = time.monotonic() + 180
+        for hook in ("a", "e"):
+            while True:
+                _, st = await self.rest(session, "GET", f"/Subscription/{self.ids[hook]}/$status")
+                res = st["entry"][0]["resource"]
+                kept = [int(m) for e in res.get("error", [])
+                        for m in re.findall(r"events \d+-(\d+) are kept for \$events", e.get("text", ""))]
+                since = int(res["eventsSinceSubscriptionStart"])  # R4B: an integer64 as a string
+                if (res["status"] == "error" and kept and kept[-1] == since
+                        and (hook != "a" or since == len(want["superseded-obs"]))):
+                    break
+                assert time.monotonic() < deadline, (hook, res.get("eventsSinceSubscriptionStart"),
+                                                     res.get("error"), len(want["superseded-obs"]))
+                await asyncio.sleep(0.5)
+
+    async def parts_1_and_2(self, thirds: list[list[Any]]) -> None:
+        receiver = self.receiver
         await receiver.start()
         async with aiohttp.ClientSession() as session:
-            subs = {
-                # R5, full-resource over TLS, filtered to the patient and a category, with a header and heartbeats
-                "a": r5("fact-superseded", receiver.url("a", tls=True), "full-resource", heartbeat=2,
-                        headers={"X-Stam-Test": "yes"}, patient=f"Patient/{SMALL_PATIENT}", category="observation"),
-                "b": r4b("encounter-ended", receiver.url("b", tls=False), "id-only", heartbeat=2, max_count=5),
-                "c": r5("condition-resolved", receiver.url("c", tls=False), "empty", heartbeat=2),
-                "d": r4b("memory-archived", receiver.url("d", tls=False), "id-only", patient="Patient/nobody"),
-                "e": r4b("memory-archived", receiver.url("e", tls=True), "full-resource", max_count=10),
-            }
-            ids: dict[str, str] = {}
-            for hook, body in subs.items():
-                status, created = await rest(session, "POST", "/Subscription", body)
-                assert status == 201, created
-                ids[hook] = created["id"]
-            # full-resource to a plain-http endpoint is refused (patient data needs TLS)
-            status, refused = await rest(session, "POST", "/Subscription",
-                                         r5("fact-superseded", receiver.url("x", tls=False), "full-resource"))
-            assert status == 422 and "https" in refused["issue"][0]["diagnostics"]
-            await receiver.wait(lambda: all(receiver.of(h, "handshake") for h in subs), 60, "the handshakes")
-
+            await self.subscribe(session)
             # part 1, receiver up
-            await _publish(s, thirds[0])
-            log1 = await until_applied(thirds[0])
+            await _publish(self.s, thirds[0])
+            log1 = await self.until_applied(thirds[0])
             want = expected(log1)
             await receiver.wait(lambda: sum(len(r.numbers) for r in receiver.of("a")) >= len(want["superseded-obs"]),
                                 180, "part 1's events at a")
             # part 2, the https receiver down: a's and e's notifications fail and are left for $events
             await receiver.stop()
-            await _publish(s, thirds[1])
-            log2 = await until_applied(thirds[1])
-            want = expected(log2)
-            # Wait until a and e have given every event numbered so far up to $events: their status says which
-            # ("events N-M are kept for $events") until a delivery succeeds. A failed heartbeat alone is not the gap
-            # part 3 must recover, and a restart before the last try would deliver the events instead.
-            deadline = time.monotonic() + 180
-            for hook in ("a", "e"):
-                while True:
-                    _, st = await rest(session, "GET", f"/Subscription/{ids[hook]}/$status")
-                    res = st["entry"][0]["resource"]
-                    kept = [int(m) for e in res.get("error", [])
-                            for m in re.findall(r"events \d+-(\d+) are kept for \$events", e.get("text", ""))]
-                    since = int(res["eventsSinceSubscriptionStart"])  # R4B: an integer64 as a string
-                    if (res["status"] == "error" and kept and kept[-1] == since
-                            and (hook != "a" or since == len(want["superseded-obs"]))):
-                        break
-                    assert time.monotonic() < deadline, (hook, res.get("eventsSinceSubscriptionStart"),
-                                                         res.get("error"), len(want["superseded-obs"]))
-                    await asyncio.sleep(0.5)
-        return {"ids": ids, "subs": subs}
+            await _publish(self.s, thirds[1])
+            log2 = await self.until_applied(thirds[1])
+            await self.until_kept_for_events(session, expected(log2))
 
+    async def recover(self, session: aiohttp.ClientSession, out: dict[str, Any]) -> None:
+        """The gaps of a and e read back with ``$events``; every status, a's subscription read, d deleted."""
+        ids = self.ids
+        for hook in ("a", "e"):
+            got = {n for r in self.receiver.of(hook) for n in r.numbers}
+            missing = sorted(set(range(1, max(got) + 1)) - got)
+            assert missing, f"{hook}: the receiver was down, some events must have been missed"
+            status, bundle = await self.rest(session, "GET", f"/Subscription/{ids[hook]}/$events"
+                                             f"?eventsSinceNumber={missing[0]}&eventsUntilNumber={missing[-1]}")
+            assert status == 200
+            out["events"][hook] = (missing, bundle)
+        for hook in ids:
+            _, out["status"][hook] = await self.rest(session, "GET", f"/Subscription/{ids[hook]}/$status")
+        _, out["read"] = await self.rest(session, "GET", f"/Subscription/{ids['a']}")
+        status, _ = await self.rest(session, "DELETE", f"/Subscription/{ids['d']}")
+        assert status == 200
+        status, _ = await self.rest(session, "GET", f"/Subscription/{ids['d']}")
+        assert status == 404
 
     # the notifier restarted between part 2 and 3: subscriptions and numbers come back from Redis
-    async def part3() -> list[dict[str, Any]]:
+    async def part_3(self, third: list[Any]) -> dict[str, Any]:
+        receiver = self.receiver
         await receiver.start()
-        await _publish(s, thirds[2])
-        log3 = await until_applied(thirds[2])
+        await _publish(self.s, third)
+        log3 = await self.until_applied(third)
         want = expected(log3)
         await receiver.wait(lambda: max([0] + [n for r in receiver.of("a") for n in r.numbers])
                             >= len(want["superseded-obs"]), 240, "part 3's last event at a")
@@ -190,38 +210,12 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
         await asyncio.sleep(4.5)  # two heartbeat periods: the idle subscriptions beat
         async with aiohttp.ClientSession() as session:
             out: dict[str, Any] = {"log": log3, "events": {}, "status": {}}
-            for hook in ("a", "e"):
-                got = {n for r in receiver.of(hook) for n in r.numbers}
-                missing = sorted(set(range(1, max(got) + 1)) - got)
-                assert missing, f"{hook}: the receiver was down, some events must have been missed"
-                status, bundle = await rest(session, "GET", f"/Subscription/{ids[hook]}/$events"
-                                            f"?eventsSinceNumber={missing[0]}&eventsUntilNumber={missing[-1]}")
-                assert status == 200
-                out["events"][hook] = (missing, bundle)
-            for hook in ids:
-                _, out["status"][hook] = await rest(session, "GET", f"/Subscription/{ids[hook]}/$status")
-            _, out["read"] = await rest(session, "GET", f"/Subscription/{ids['a']}")
-            status, _ = await rest(session, "DELETE", f"/Subscription/{ids['d']}")
-            assert status == 200
-            status, _ = await rest(session, "GET", f"/Subscription/{ids['d']}")
-            assert status == 404
+            await self.recover(session, out)
         await receiver.stop()
         return out
 
-    with notifier(s, port, metrics_port, receiver.cert, "fhir-1.log"):
-        state = asyncio.run(flow())
-        metrics1 = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    ids = state["ids"]
-    with notifier(s, port, metrics_port, receiver.cert, "fhir-2.log"):  # a restart: Redis keeps the subscriptions
-        out = asyncio.run(part3())
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
 
-    want = expected(out["log"])
-    versions = {"a": "R5", "b": "R4B", "c": "R5", "d": "R4B", "e": "R4B"}
-    counts = {"a": len(want["superseded-obs"]), "b": len(want["encounter-ended"]),
-              "c": len(want["condition-resolved"]), "d": 0, "e": len(want["archived"])}
-    assert min(counts["a"], counts["b"], counts["c"]) >= 3, counts  # the patient has each kind, three times at least
-
+def _check_every_notification(receiver: Receiver, versions: dict[str, str]) -> None:
     for r in receiver.got:  # every notification: FHIR JSON, a valid Bundle of its version
         assert r.content_type.split(";")[0] == "application/fhir+json", r.content_type
         assert check_notification(r.bundle, versions[r.hook]) == [], (r.hook, r.type)
@@ -243,6 +237,9 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
     assert all(r.headers.get("X-Stam-Test") == "yes" for r in receiver.of("a"))
     assert not receiver.of("d", "event-notification")  # filtered to another patient
 
+
+def _check_every_event_once(receiver: Receiver, out: dict[str, Any], versions: dict[str, str], counts: dict[str, int],
+                            want: dict[str, list[str]]) -> None:
     # consecutive numbers: what came, and what $events recovered, is every event once, 1..N, of the right transitions
     for hook in ("a", "e"):
         missing, bundle = out["events"][hook]
@@ -259,11 +256,15 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
                     if e.get("resource", {}).get("resourceType") == "Provenance"}
     assert provenances == {derived_id("provenance", t) for t in want["superseded-obs"]}
     for hook in ("b", "c"):  # down too in part 2: their gaps are recoverable the same way
-        got = {n for r in receiver.of(hook, "event-notification") for n in r.numbers}
-        assert got <= set(range(1, counts[hook] + 1))
+        got_b_c = {n for r in receiver.of(hook, "event-notification") for n in r.numbers}
+        assert got_b_c <= set(range(1, counts[hook] + 1))
     assert all("resource" not in e for r in receiver.of("b", "event-notification") for e in r.bundle["entry"][1:])
     assert all(len(r.bundle["entry"]) == 1 and "focus" not in r.status["notificationEvent"][0]
                for r in receiver.of("c", "event-notification"))
+
+
+def _check_status_metrics_and_logs(s: Any, out: dict[str, Any], counts: dict[str, int], metrics: str,
+                                   metrics1: str) -> None:
     for hook, st in out["status"].items():
         if hook == "d":
             continue
@@ -278,6 +279,33 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
     for log in ("fhir-1.log", "fhir-2.log"):
         text = (s.home / log).read_text(errors="replace")
         assert "INFO" in text and SMALL_PATIENT not in text
+
+
+def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap(
+        stack_settings: Any, worker: Any, small_bundle: Any, tmp_path: Any) -> None:
+    s = stack_settings
+    entries = small_bundle.entries
+    thirds = [entries[: len(entries) // 3], entries[len(entries) // 3: 2 * len(entries) // 3],
+              entries[2 * len(entries) // 3:]]
+    receiver = Receiver(tmp_path)
+    port, metrics_port = _free_port(), _free_port()
+    flow = _Flow(s, receiver, f"http://127.0.0.1:{port}/fhir")
+
+    with notifier(s, port, metrics_port, receiver.cert, "fhir-1.log"):
+        asyncio.run(flow.parts_1_and_2(thirds))
+        metrics1 = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    with notifier(s, port, metrics_port, receiver.cert, "fhir-2.log"):  # a restart: Redis keeps the subscriptions
+        out = asyncio.run(flow.part_3(thirds[2]))
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+
+    want = expected(out["log"])
+    versions = {"a": "R5", "b": "R4B", "c": "R5", "d": "R4B", "e": "R4B"}
+    counts = {"a": len(want["superseded-obs"]), "b": len(want["encounter-ended"]),
+              "c": len(want["condition-resolved"]), "d": 0, "e": len(want["archived"])}
+    assert min(counts["a"], counts["b"], counts["c"]) >= 3, counts  # the patient has each kind, three times at least
+    _check_every_notification(receiver, versions)
+    _check_every_event_once(receiver, out, versions, counts, want)
+    _check_status_metrics_and_logs(s, out, counts, metrics, metrics1)
 
 
 def test_nothing_is_sent_for_a_patient_erased_while_their_events_waited(

@@ -195,15 +195,7 @@ def ops(stack_settings: Any) -> Iterator[dict[str, Any]]:
             prom.stop()
 
 
-def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: Any, small_bundle: Any) -> None:
-    from aiokafka import AIOKafkaProducer
-
-    from schemas.query import QueryRequest
-    from stam.publish import Publisher, PublishSummary
-    from topology import topics as t
-    from topology.admin import kafka_client_kwargs
-
-    s, ports, prom, logs = ops["settings"], ops["ports"], ops["prom"], ops["logs"]
+def _check_both_workers_up(ports: dict[str, int], logs: Any) -> None:
     # Both workers up: ready, and holding their partitions (the lag gauge exists once partitions are assigned).
     _wait("both workers ready and assigned", lambda: _get(ports["web"], "/readyz")[0] == 200
           and _get(ports["query_web"], "/readyz")[0] == 200
@@ -219,9 +211,14 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
         if listening:
             assert f"127.0.0.1:{port} " in listening and f"0.0.0.0:{port} " not in listening \
                 and f"*:{port} " not in listening, (port, listening)
+
+
+def _warm_up(s: Any, prom: Any, logs: Any, small_bundle: Any) -> None:
     # One entry of another patient first, through every stage: the stage histograms exist (and the worker's first
     # model and store calls are paid) before the window. A rate needs two samples that differ; a warm worker can
     # apply the whole burst between two scrapes, and then series first seen after the burst would have none.
+    from stam.publish import Publisher, PublishSummary
+
     first = small_bundle.entries[0]
     warm = first.model_copy(update={"patient_id": "prom-warm-up", "entry_id": "prom-warm-up-" + first.entry_id})
 
@@ -233,11 +230,18 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
     asyncio.run(collect_outputs(s, {warm.entry_id}, timeout=300))
     _wait("the warm-up entry's stage timings scraped", lambda: prom.instant(
         'count(stam_stage_seconds_bucket{stage="update"})') != [], 60, *logs)
-    time.sleep(2)  # a scrape or two more of the same counts
-    started = time.time()
 
+
+def _stream_and_ask(s: Any, ports: dict[str, int], small_bundle: Any) -> None:
     # The stream: one malformed entry (a dead letter), then the patient's 132 entries at 40/s (several batches
     # per stage, so every rate sees increases between scrapes), questions meanwhile.
+    from aiokafka import AIOKafkaProducer
+
+    from schemas.query import QueryRequest
+    from stam.publish import Publisher, PublishSummary
+    from topology import topics as t
+    from topology.admin import kafka_client_kwargs
+
     want = {e.entry_id for e in small_bundle.entries}
 
     async def burst() -> None:
@@ -271,12 +275,8 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
         assert status == 200 and answer["ok"], answer
     assert set(asked) <= {200, 404}, asked  # 404 while the patient has no state yet
 
-    # Caught up: the lag drains to 0 (committed after the durability window), for both groups.
-    _wait("the consumer lag to drain to 0", lambda: (r := prom.instant('sum by (group) (stam_consumer_lag)'))
-          and len(r) == 2 and all(float(x["value"][1]) == 0 for x in r), 180, *logs)
-    time.sleep(3)  # a few more scrapes after the last change
-    end = time.time()
 
+def _check_the_lag_rose_and_drained(s: Any, prom: Any, started: float, end: float) -> None:
     lag = prom.over('sum(stam_consumer_lag{group="stam-write"})', started - 5, end)
     values = _values(lag)
     print(f"\nwrite-group lag over the run (1 s steps): {values}")
@@ -287,6 +287,8 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
     by_topic = prom.instant('max_over_time(sum by (topic) (stam_consumer_lag{group="stam-write"})[10m:1s])')
     assert any(x["metric"]["topic"] == f"{s.topic_prefix}.entries.v1" and float(x["value"][1]) > 0 for x in by_topic)
 
+
+def _check_every_expression_has_data(prom: Any, started: float, end: float) -> None:
     # Every expression: the dashboard's and the core list. Data = at least one non-NaN sample over the run.
     try:
         from stam.ops.dashboard import queries
@@ -310,6 +312,23 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
             empty_allowed.append((title, promql, reason))
     print("\nno data, allowed:\n" + "\n".join(f"  {t}: {e}  -- {r}" for t, e, r in empty_allowed))
     assert not failures, "\n".join(failures)
+
+
+def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: Any, small_bundle: Any) -> None:
+    s, ports, prom, logs = ops["settings"], ops["ports"], ops["prom"], ops["logs"]
+    _check_both_workers_up(ports, logs)
+    _warm_up(s, prom, logs, small_bundle)
+    time.sleep(2)  # a scrape or two more of the same counts
+    started = time.time()
+    _stream_and_ask(s, ports, small_bundle)
+
+    # Caught up: the lag drains to 0 (committed after the durability window), for both groups.
+    _wait("the consumer lag to drain to 0", lambda: (r := prom.instant('sum by (group) (stam_consumer_lag)'))
+          and len(r) == 2 and all(float(x["value"][1]) == 0 for x in r), 180, *logs)
+    time.sleep(3)  # a few more scrapes after the last change
+    end = time.time()
+    _check_the_lag_rose_and_drained(s, prom, started, end)
+    _check_every_expression_has_data(prom, started, end)
 
     # No patient identifier in any label of any series.
     for series in prom.api("series", **{"match[]": '{__name__=~"stam_.*"}', "start": started - 5, "end": end}):
