@@ -17,9 +17,11 @@ from stam.read.names import Name, name_words
 from stam.read.timeline import Timeline, View
 
 ORDER_RESOURCES = frozenset({"MedicationRequest", "MedicationStatement", "ServiceRequest"})
+"""The resources that, of the medication category, are order versions."""
 MAX_WINDOW = 60
 """Most values of one thread listed for a count/change/history question (the computed fact counts them all)."""
 ORDER_KINDS = frozenset({"active", "changed_into", "started", "stopped"})
+"""The intents about orders: a thread is filled with its order versions, and the fact is about the orders."""
 
 
 @dataclass
