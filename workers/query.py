@@ -54,7 +54,7 @@ from stam.stage_thread import STAGE_THREAD
 from stam.stores.base import StateStore
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
-from topology.app import create_app
+from topology.app import Topics, create_app
 from workers.common import raw_value, seal
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
@@ -159,31 +159,31 @@ def kafka_header(event: Any, name: str) -> str | None:
     return None
 
 
-def build(settings: Settings) -> tuple[faust.App, Runtime]:
-    app, topics = create_app(settings, app_id=settings.query_app_id, web_port=settings.query_web_port,
-                             web_host=settings.query_web_host)
-    runtime = Runtime(settings=settings, topics=topics, writes=False)
-    scopes = scopes_of(settings)
-    holder: dict[str, QueryService] = {}
-    building = asyncio.Lock()
+class _Answers:
+    """The query service of this process, built once and off the event loop (model load, store connections; a
+    failed build, a store down at start, is tried again by the next query), and the answers it gives."""
 
-    async def service() -> QueryService:
-        """The service, built once and off the event loop (model load, store connections); a failed build
-        (a store down at start) is tried again by the next query."""
-        async with building:
-            if "svc" not in holder:
-                holder["svc"] = await asyncio.to_thread(build_service, settings, runtime)
-        return holder["svc"]
+    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.built: QueryService | None = None
+        self._building = asyncio.Lock()
 
-    async def respond(req: QueryRequest) -> QueryAnswer:
+    async def service(self) -> QueryService:
+        async with self._building:
+            if self.built is None:
+                self.built = await asyncio.to_thread(build_service, self.settings, self.runtime)
+        return self.built
+
+    async def respond(self, req: QueryRequest) -> QueryAnswer:
         started = time.perf_counter()
         try:
-            svc = await service()
+            svc = await self.service()
         except Exception as exc:
             return failed_answer(req, exc, started)
         return await svc.answer(req)
 
-    async def scoped(req: QueryRequest, grant: Grant | None) -> QueryAnswer:
+    async def scoped(self, req: QueryRequest, grant: Grant | None) -> QueryAnswer:
         """The answer within a token's scope: a patient it may not read gets the very answer a patient that does
         not exist gets (decided before any store is read)."""
         if grant is None:
@@ -191,8 +191,57 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                                error="missing or wrong token", answered_at=datetime.now(UTC), latency_ms=0.0)
         if not grant.allows(req.patient_id):
             return concealed_not_found(req)
-        answer = await respond(req)
+        answer = await self.respond(req)
         return concealed_not_found(req) if answer.error_kind == "not_found" else answer
+
+    async def sealed_answer(self, req: QueryRequest, answer: QueryAnswer) -> tuple[bytes, bytes]:
+        """(key, value) of an answer on the answers topic. An answer with evidence waits for the key store
+        (retried while Redis is down, never sent in the clear). A failure answer (no evidence) while the key
+        store is unreachable is sent unsealed with the patient's pseudonym in place of its id: the client still
+        learns 'unavailable' by its request id, and no patient datum leaves in the clear."""
+        runtime = self.runtime
+        work = partial(seal, runtime.sealer, req.patient_id, answer)
+        if answer.ok:
+            return cast(tuple[bytes, bytes], await runtime.off_loop("seal answer", work))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, work)
+        except (redis.ConnectionError, redis.TimeoutError):
+            key = runtime.sealer.message_key(req.patient_id)
+            bare = answer.model_copy(update={"patient_id": key.decode(), "packet": None, "answer": None})
+            return key, bare.model_dump_json().encode()
+
+
+def build(settings: Settings) -> tuple[faust.App, Runtime]:
+    """The query worker's Faust app: the Kafka agent, the warm-up, the ops endpoints, the HTTP query endpoint and
+    the timeline page."""
+    app, topics = create_app(settings, app_id=settings.query_app_id, web_port=settings.query_web_port,
+                             web_host=settings.query_web_host)
+    runtime = Runtime(settings=settings, topics=topics, writes=False)
+    scopes = scopes_of(settings)
+    answers = _Answers(settings, runtime)
+    _install_kafka(app, topics, settings, scopes, answers)
+
+    @app.task
+    async def _warm() -> None:
+        try:
+            svc = await answers.service()
+            await asyncio.to_thread(svc.embedder.embed, ["warm-up question for the embedding model"] * 4)
+        except Exception as exc:  # a store down at start: queries are answered 'unavailable' until it is back
+            log.warning("query worker not ready: %s: %s", type(exc).__name__, " ".join(str(exc).split())[:300])
+            return
+        log.info("query worker ready")
+
+    readiness = Readiness(settings, model_url=settings.reader_url,
+                          model_key=settings.reader_api_key.get_secret_value() if settings.reader_api_key else "")
+    install_ops(app, settings, group=settings.query_app_id, readiness=readiness)
+    _install_http(app, scopes, answers, readiness)
+    _install_timeline(app, settings, scopes, answers)
+    return app, runtime
+
+
+def _install_kafka(app: faust.App, topics: Topics, settings: Settings, scopes: TokenScopes, answers: _Answers) -> None:
+    """The agent that answers ``stam.queries.v1`` on ``stam.answers.v1``."""
+    runtime = answers.runtime
 
     @app.agent(topics.queries, name="stam.query")
     async def query(stream: faust.StreamT[Any]) -> None:
@@ -210,43 +259,18 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
                 await runtime.dead_letter(event, "query", exc, opened)
                 continue
             if settings.query_kafka_require_token:
-                answer = await scoped(req, scopes.authenticate(kafka_header(event, "authorization")))
+                answer = await answers.scoped(req, scopes.authenticate(kafka_header(event, "authorization")))
             else:
-                answer = await respond(req)
+                answer = await answers.respond(req)
             observe(answer, "kafka")
             # Sealed for the patient, keyed by its pseudonym: open with stam.crypto.Sealer (the answers name the
             # patient and carry its evidence; they must be as erasable as the rest).
-            key, value = await sealed_answer(req, answer)
+            key, value = await answers.sealed_answer(req, answer)
             await topics.answers.send(key=key, value=value)
 
-    async def sealed_answer(req: QueryRequest, answer: QueryAnswer) -> tuple[bytes, bytes]:
-        """(key, value) of an answer on the answers topic. An answer with evidence waits for the key store
-        (retried while Redis is down, never sent in the clear). A failure answer (no evidence) while the key
-        store is unreachable is sent unsealed with the patient's pseudonym in place of its id: the client still
-        learns 'unavailable' by its request id, and no patient datum leaves in the clear."""
-        work = partial(seal, runtime.sealer, req.patient_id, answer)
-        if answer.ok:
-            return cast(tuple[bytes, bytes], await runtime.off_loop("seal answer", work))
-        try:
-            return await asyncio.get_running_loop().run_in_executor(STAGE_THREAD, work)
-        except (redis.ConnectionError, redis.TimeoutError):
-            key = runtime.sealer.message_key(req.patient_id)
-            bare = answer.model_copy(update={"patient_id": key.decode(), "packet": None, "answer": None})
-            return key, bare.model_dump_json().encode()
 
-    @app.task
-    async def _warm() -> None:
-        try:
-            svc = await service()
-            await asyncio.to_thread(svc.embedder.embed, ["warm-up question for the embedding model"] * 4)
-        except Exception as exc:  # a store down at start: queries are answered 'unavailable' until it is back
-            log.warning("query worker not ready: %s: %s", type(exc).__name__, " ".join(str(exc).split())[:300])
-            return
-        log.info("query worker ready")
-
-    readiness = Readiness(settings, model_url=settings.reader_url,
-                          model_key=settings.reader_api_key.get_secret_value() if settings.reader_api_key else "")
-    install_ops(app, settings, group=settings.query_app_id, readiness=readiness)
+def _install_http(app: faust.App, scopes: TokenScopes, answers: _Answers, readiness: Readiness) -> None:
+    """``POST /v1/query`` and the old ``GET /v1/health``."""
 
     @app.page("/v1/health")
     class Health(faust.web.View):
@@ -266,19 +290,22 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             req = await read_query(request)
             if isinstance(req, tuple):
                 return self.json({"ok": False, "error_kind": "invalid", "error": req[1]}, status=req[0])
-            answer = await scoped(req, grant)
+            answer = await answers.scoped(req, grant)
             observe(answer, "http")
             log.debug("http query answered in %.1f ms", (time.perf_counter() - started) * 1000)
             status, headers = http_status(answer)
             return self.json(answer.model_dump(mode="json"), status=status, headers=headers)
 
+
+def _install_timeline(app: faust.App, settings: Settings, scopes: TokenScopes, answers: _Answers) -> None:
+    """The timeline page: its shell, its data within the token's scope, its static files."""
     plain: list[RedisStateStore] = []
     drawn = page.PageTimelines()
 
     def page_states() -> tuple[StateStore, TimelineCache | None]:
         """The state store the page reads, and the query service's timeline cache once the service is built (the
         page never waits for the embedding model)."""
-        svc = holder.get("svc")
+        svc = answers.built
         if svc is not None:
             return svc.states, svc.cache
         if not plain:
@@ -339,8 +366,6 @@ def build(settings: Settings) -> tuple[faust.App, Runtime]:
             body, kind = found
             return self.bytes(body, headers={"Content-Type": kind, "Cache-Control": "public, max-age=3600",
                                              "X-Content-Type-Options": "nosniff"})
-
-    return app, runtime
 
 
 def run(settings: Settings, loglevel: str = "info") -> None:

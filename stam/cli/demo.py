@@ -12,6 +12,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from stam.cli.common import load_settings, query_service, stack_env
 from stam.cli.transitions import consume_transitions
@@ -186,10 +187,6 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
 
 def cmd_demo_notes(args: argparse.Namespace) -> int:
     """Two real Synthea notes decomposed by the local model, after the patient's coded history."""
-    import base64
-    import tempfile
-    import urllib.request
-
     from stam import stack
     from stam.publish import publish_paths
 
@@ -220,25 +217,14 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
                                   env=dict(stack_env(settings), STAM_LLM_URL=llm_url, STAM_LLM_MODEL=args.model,
                                            STAM_LLM_CONCURRENCY="1", STAM_METRICS_PORT=str(metrics_port)),
                                   stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
-        folder = Path(tempfile.mkdtemp(prefix="stam-demo-notes-"))
-        notes_raw = [json.loads(line) for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
-                     if any(n in line for n in DEMO_NOTES)]
-        until = max(n["context"]["period"]["start"] for n in notes_raw)[:19]
-        from stam.sources.fhir_ndjson import load_ndjson, patient_lines
-
-        history = patient_lines(bulk, DEMO_NOTES_PATIENT, ("Condition", "MedicationRequest", "Encounter"), until)
-        for rtype, keep in history.items():
-            (folder / f"{rtype}.000.ndjson").write_text("\n".join(keep) + "\n")
-        (folder / "DocumentReference.000.ndjson").write_text("\n".join(json.dumps(n) for n in notes_raw) + "\n")
+        folder, notes_raw = _notes_folder(bulk)
+        from stam.sources.fhir_ndjson import load_ndjson
 
         entries = load_ndjson([folder]).entries
         note_entries = {e.entry_id for e in entries if e.resource_type == "DocumentReference"}
         print(f"4/6 publishing {len(entries) - len(note_entries)} coded entries of one Synthea patient (no model "
               f"call) and {len(note_entries)} of their notes:")
-        for n in sorted(notes_raw, key=lambda n: n["context"]["period"]["start"]):
-            text = base64.b64decode(n["content"][0]["attachment"]["data"]).decode().strip()
-            print("    --- note of " + n["context"]["period"]["start"][:10] + " ---\n    "
-                  + text[text.find("# Medications"):].replace("\n", "\n    ")[:400])
+        _print_notes(notes_raw)
         summary = asyncio.run(publish_paths(settings, [folder]))
         print(f"    sent {summary.sent} entries")
         print("5/6 what the model made of the notes (each fact: its store, the relations the link+update call "
@@ -246,23 +232,9 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         started = time.monotonic()
         counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in entries},
                                                   timeout=args.timeout, show=True, show_entries=note_entries))
-        elapsed = time.monotonic() - started
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-        calls = _metric_sum(metrics, 'stam_llm_calls_total{outcome="ok"}')
-        prompt = _metric_sum(metrics, 'stam_llm_tokens_total{kind="prompt"}')
-        completion = _metric_sum(metrics, 'stam_llm_tokens_total{kind="completion"}')
-        print(f"    {counts['entries_done']}/{len(entries)} entries applied in {elapsed:.0f}s, "
-              f"{counts['dead_letters']} dead letters; model calls {calls:.0f} (prompt tokens {prompt:.0f}, "
-              f"completion tokens {completion:.0f})")
+        _print_applied(counts, len(entries), time.monotonic() - started, metrics_port)
         print("6/6 ask: 'Which medications is the patient taking?'")
-        from schemas.query import QueryRequest
-
-        service = query_service(settings)
-        answer = asyncio.run(service.answer(QueryRequest(request_id="demo-notes", patient_id=DEMO_NOTES_PATIENT,
-                                                         question="Which medications is the patient taking?",
-                                                         k_active=6, k_history=3)))
-        if answer.packet is not None:
-            print("    " + answer.packet.rendered.replace("\n", "\n    "))
+        _ask_medications(settings)
         print(f"\nFull export: STAM_HOME={home} .venv/bin/stam state --patient {DEMO_NOTES_PATIENT} --json")
         return 0 if counts["entries_done"] == len(entries) and counts["dead_letters"] == 0 else 1
     finally:
@@ -273,6 +245,59 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         worker_log.close()
         if started_stack and not args.keep:
             stack.down(home)
+
+
+def _notes_folder(bulk: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """A temporary bulk folder of the demo's two notes and the patient's coded history up to the later one (its
+    conditions, medication requests and encounters), and the notes as read."""
+    import tempfile
+
+    from stam.sources.fhir_ndjson import patient_lines
+
+    folder = Path(tempfile.mkdtemp(prefix="stam-demo-notes-"))
+    notes_raw = [json.loads(line) for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
+                 if any(n in line for n in DEMO_NOTES)]
+    until = max(n["context"]["period"]["start"] for n in notes_raw)[:19]
+    history = patient_lines(bulk, DEMO_NOTES_PATIENT, ("Condition", "MedicationRequest", "Encounter"), until)
+    for rtype, keep in history.items():
+        (folder / f"{rtype}.000.ndjson").write_text("\n".join(keep) + "\n")
+    (folder / "DocumentReference.000.ndjson").write_text("\n".join(json.dumps(n) for n in notes_raw) + "\n")
+    return folder, notes_raw
+
+
+def _print_notes(notes_raw: list[dict[str, Any]]) -> None:
+    """Each note's medications section, oldest note first."""
+    import base64
+
+    for n in sorted(notes_raw, key=lambda n: n["context"]["period"]["start"]):
+        text = base64.b64decode(n["content"][0]["attachment"]["data"]).decode().strip()
+        print("    --- note of " + n["context"]["period"]["start"][:10] + " ---\n    "
+              + text[text.find("# Medications"):].replace("\n", "\n    ")[:400])
+
+
+def _print_applied(counts: dict[str, int], n_entries: int, elapsed: float, metrics_port: int) -> None:
+    """How many entries the worker applied, and the model calls and tokens it spent (from its metrics)."""
+    import urllib.request
+
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    calls = _metric_sum(metrics, 'stam_llm_calls_total{outcome="ok"}')
+    prompt = _metric_sum(metrics, 'stam_llm_tokens_total{kind="prompt"}')
+    completion = _metric_sum(metrics, 'stam_llm_tokens_total{kind="completion"}')
+    print(f"    {counts['entries_done']}/{n_entries} entries applied in {elapsed:.0f}s, "
+          f"{counts['dead_letters']} dead letters; model calls {calls:.0f} (prompt tokens {prompt:.0f}, "
+          f"completion tokens {completion:.0f})")
+
+
+def _ask_medications(settings: Settings) -> None:
+    """The demo's question to the patient's memory, and the evidence packet it is answered from."""
+    from schemas.query import QueryRequest
+
+    service = query_service(settings)
+    answer = asyncio.run(service.answer(QueryRequest(request_id="demo-notes", patient_id=DEMO_NOTES_PATIENT,
+                                                     question="Which medications is the patient taking?",
+                                                     k_active=6, k_history=3)))
+    if answer.packet is not None:
+        print("    " + answer.packet.rendered.replace("\n", "\n    "))
 
 
 def _metric_sum(text: str, prefix: str) -> float:

@@ -27,7 +27,8 @@ import numpy as np
 from schemas import Reason
 from stam.read.encounters import Encounters, Stay
 from stam.read.intent import Intent
-from stam.read.select import Fact, Pick, Selection, ThreadIndex, select_threads
+from stam.read.select import select_threads
+from stam.read.threads import Fact, Pick, Selection, ThreadIndex
 from stam.read.timeline import Timeline, View, from_epoch
 
 SEX_CODES = frozenset({"76689-9", "46098-0"})

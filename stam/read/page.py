@@ -188,16 +188,7 @@ def page_data(tl: Timeline, window: Window, gaps: Sequence[RecordGap] = (),
     timed = view.present & np.isfinite(lo)
     n_timed = int(timed.sum())
     extent = (float(lo[timed].min()), float(top[timed].max())) if n_timed else None
-    a, b = window.start, window.end
-    if (a is None or b is None) and extent is not None:
-        given_end = b is not None
-        b = b if b is not None else extent[1]
-        if a is None:
-            starts = np.sort(lo[timed & (lo <= b)])
-            a = float(starts[-first_view]) if len(starts) > first_view else extent[0]
-            a = min(a, b - 3600.0)
-        if not given_end:  # room after the latest memory, for the as-of line
-            b += max(3600.0, 0.03 * (b - a))
+    a, b = _bounds(window, lo, timed, extent, first_view)
     archived = view.history & (tl.kind == ARCHIVED) & np.isfinite(tl.t_ended)
     if a is None or b is None:
         shown = np.zeros(len(tl), dtype=bool)
@@ -214,41 +205,11 @@ def page_data(tl: Timeline, window: Window, gaps: Sequence[RecordGap] = (),
     memories: list[dict[str, Any]] = []
     transitions: list[dict[str, Any]] = []
     for i in idx.tolist():
-        hist = bool(view.history[i])
-        item: dict[str, Any] = {
-            "i": i, "id": tl.ids[i], "thread": int(tl.thread[i]), "category": tl.category[i], "text": _label(tl, i),
-            "start": _ms(lo[i]), "end": None if point[i] else _ms(hi[i]), "current": not hist,
-            "entry": tl.entry_ids[i], "encounter": tl.encounter[i] if tl.encounter else None,
-            "from": _iso(lo[i]), "to": None if point[i] else _iso(hi[i]),
-        }
-        if changed is not None:
-            item["changed"] = bool(changed[i])
-        if hist:
-            item["reason"] = tl.reason[i]
-            item["ended"] = _iso(tl.t_ended[i])
-        memories.append(item)
+        memories.append(_memory_item(tl, view, i, lo, hi, point, changed))
         if archived[i]:
-            s = int(tl.succ[i])
-            e = int(tl.evid[i])
-            rec = records.get(tl.ids[i])
-            transitions.append({
-                "i": i, "id": tl.ids[i], "thread": int(tl.thread[i]), "at": _ms(tl.t_ended[i]),
-                "clinical": _iso(tl.t_ended[i]), "reason": tl.reason[i] or "",
-                "evidence_entry": (rec.archived_by_entry if rec is not None and rec.archived_by_entry else
-                                   (tl.entry_ids[e] if e >= 0 else None)),
-                "recorded": (rec.archived_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-                             if rec is not None and rec.archived_at else None),
-                "recorded_known": rec is not None,
-                "successor": _label(tl, s) if s >= 0 else None, "successor_id": tl.ids[s] if s >= 0 else None,
-            })
+            transitions.append(_transition_item(tl, i, records.get(tl.ids[i])))
     threads = _threads(tl, idx, lo)
-    encounters = Encounters.build(tl)
-    stays = []
-    for st in encounters.stays(tl, view):
-        end = st.end if st.ended else (float(view.at) if np.isfinite(view.at) else (extent[1] if extent else st.start))
-        if a is not None and b is not None and st.start <= b and end >= a:
-            stays.append({"id": st.encounter_id, "start": _ms(st.start), "end": _ms(max(end, st.start + 60)),
-                          "label": st.label(st.display[:120]), "open": not st.ended})
+    stays = _stays(tl, view, a, b, extent)
     return {
         "patient_id": tl.patient_id, "version": tl.version,
         "as_of": window.as_of.isoformat() if window.as_of else None,
@@ -265,6 +226,70 @@ def page_data(tl: Timeline, window: Window, gaps: Sequence[RecordGap] = (),
         "threads": threads, "memories": memories, "transitions": transitions, "encounters": stays,
         "gaps": [g.model_dump(mode="json") for g in gaps], "gap_line": gap_line(gaps),
     }
+
+
+def _bounds(window: Window, lo: np.ndarray, timed: np.ndarray, extent: tuple[float, float] | None,
+            first_view: int) -> tuple[float | None, float | None]:
+    """The window shown: the one asked for, else up to the latest memory (with room after it for the as-of line)
+    from the start of the last ``first_view`` memories, at least an hour."""
+    a, b = window.start, window.end
+    if (a is None or b is None) and extent is not None:
+        given_end = b is not None
+        b = b if b is not None else extent[1]
+        if a is None:
+            starts = np.sort(lo[timed & (lo <= b)])
+            a = float(starts[-first_view]) if len(starts) > first_view else extent[0]
+            a = min(a, b - 3600.0)
+        if not given_end:  # room after the latest memory, for the as-of line
+            b += max(3600.0, 0.03 * (b - a))
+    return a, b
+
+
+def _memory_item(tl: Timeline, view: View, i: int, lo: np.ndarray, hi: np.ndarray, point: np.ndarray,
+                 changed: np.ndarray | None) -> dict[str, Any]:
+    """One memory on the page: its bar (or point), its text, and whether and why it ended."""
+    hist = bool(view.history[i])
+    item: dict[str, Any] = {
+        "i": i, "id": tl.ids[i], "thread": int(tl.thread[i]), "category": tl.category[i], "text": _label(tl, i),
+        "start": _ms(lo[i]), "end": None if point[i] else _ms(hi[i]), "current": not hist,
+        "entry": tl.entry_ids[i], "encounter": tl.encounter[i] if tl.encounter else None,
+        "from": _iso(lo[i]), "to": None if point[i] else _iso(hi[i]),
+    }
+    if changed is not None:
+        item["changed"] = bool(changed[i])
+    if hist:
+        item["reason"] = tl.reason[i]
+        item["ended"] = _iso(tl.t_ended[i])
+    return item
+
+
+def _transition_item(tl: Timeline, i: int, rec: StoredMemory | None) -> dict[str, Any]:
+    """The move of archived memory ``i`` to HISTORY: when, why, on what evidence, and what replaced it; ``rec``
+    (its record, when read) gives when it was recorded."""
+    s = int(tl.succ[i])
+    e = int(tl.evid[i])
+    return {
+        "i": i, "id": tl.ids[i], "thread": int(tl.thread[i]), "at": _ms(tl.t_ended[i]),
+        "clinical": _iso(tl.t_ended[i]), "reason": tl.reason[i] or "",
+        "evidence_entry": (rec.archived_by_entry if rec is not None and rec.archived_by_entry else
+                           (tl.entry_ids[e] if e >= 0 else None)),
+        "recorded": (rec.archived_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+                     if rec is not None and rec.archived_at else None),
+        "recorded_known": rec is not None,
+        "successor": _label(tl, s) if s >= 0 else None, "successor_id": tl.ids[s] if s >= 0 else None,
+    }
+
+
+def _stays(tl: Timeline, view: View, a: float | None, b: float | None,
+           extent: tuple[float, float] | None) -> list[dict[str, Any]]:
+    """The encounters that overlap the window shown (an open one up to the as-of time)."""
+    stays = []
+    for st in Encounters.build(tl).stays(tl, view):
+        end = st.end if st.ended else (float(view.at) if np.isfinite(view.at) else (extent[1] if extent else st.start))
+        if a is not None and b is not None and st.start <= b and end >= a:
+            stays.append({"id": st.encounter_id, "start": _ms(st.start), "end": _ms(max(end, st.start + 60)),
+                          "label": st.label(st.display[:120]), "open": not st.ended})
+    return stays
 
 
 def patient_data(states: Any, patient_id: str, window: Window, cache: Any = None,

@@ -59,7 +59,7 @@ from stam.read.gate import StoreGate
 from stam.read.intent import Intent, parse
 from stam.read.reader import Reader
 from stam.read.render import header, render_block, render_packet
-from stam.read.select import Pick, ThreadIndex
+from stam.read.threads import Pick, ThreadIndex
 from stam.read.timeline import Timeline, View, collector_paused, from_epoch
 from stam.read.tokens import Tokenizer
 from stam.stores.base import StateStore, VectorStore

@@ -34,7 +34,7 @@ import gc
 import operator
 import re
 import sys
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -235,11 +235,7 @@ class Timeline:
         kind[placed] = PLACED
         archived = hist & (has_evidence | has_end)
         kind[archived] = ARCHIVED
-        succ = np.full(n, NO_SUCCESSOR, dtype=np.int32)
-        successor = col(successors)
-        for i in np.flatnonzero(hist).tolist():
-            if successor[i]:
-                succ[i] = index.get(successor[i], UNKNOWN_SUCCESSOR)
+        succ = _successors(col(successors), hist, index)
         evid = np.full(n, NO_SUCCESSOR, dtype=np.int32)
         arch = np.flatnonzero(archived)
         evid[arch] = [index.get(evidence[i], NO_SUCCESSOR) for i in arch.tolist()]
@@ -249,36 +245,14 @@ class Timeline:
         t_ended[known] = t_add[evid[known]]
         t_ended[archived & (evid < 0)] = _NEG  # its evidence is gone from the record: ended at an unknown time
         t_ended[has_end] = ended_at[has_end]
-        # An archived version whose evidence is a later version of the same source resource (a pharmacy stop of
-        # its start) covers that evidence: the stop does not stand for the order inside its own interval.
-        src_code: dict[str | None, int] = {s: k for k, s in enumerate(set(source)) if s is not None}
-        codes = np.array([src_code.get(s, -1) for s in source], dtype=np.int64)
-        same = known.copy()
-        same[known] = (codes[known] >= 0) & (codes[known] == codes[evid[known]])
-        covered = np.zeros(n, dtype=bool)
-        covered[evid[same]] = True
+        covered = _covered(source, known, evid)
         reason = tuple([reasons_in[i] if h else None for i, h in zip(take, hist.tolist(), strict=True)])
         # Versions of one source resource join a thread position by position (a panel's components are
         # different concepts of one resource and stay apart).
         positions = [f"{sources[i]}#{positions_in[i]}" if sources[i] else None for i in take]
         encounter: tuple[str | None, ...] = interned(encounters)
         category: tuple[str, ...] = interned(categories)
-        # An open interval ends no later than its encounter (a pharmacy stop recorded after the discharge): each
-        # memory's encounter end, from the encounter's own record that says it ended (a discharge).
-        closing: dict[str, tuple[float, int]] = {}
-        for i in [i for i, c in enumerate(category) if c == "encounter"]:
-            enc = encounter[i]
-            if enc is not None and source[i] == enc and np.isfinite(t_end[i]) \
-                    and (enc not in closing or t_end[i] < closing[enc][0]):
-                closing[enc] = (float(t_end[i]), i)
-        ends_with = {v: Lifecycle(v).ends_with_encounter for v in set(lifecycles) if v}
-        enc_end = np.full(n, np.inf)
-        enc_end_rec = np.full(n, -1, dtype=np.int32)
-        if closing:
-            lifecycle = col(lifecycles)
-            for i, enc in enumerate(encounter):
-                if enc is not None and enc in closing and ends_with.get(lifecycle[i], False):
-                    enc_end[i], enc_end_rec[i] = closing[enc]
+        enc_end, enc_end_rec = _encounter_ends(category, encounter, source, t_end, lifecycles, col)
         return cls(patient_id=patient_id, version=version, ids=ids, entry_ids=col(entries),
                    category=category, source=source, resource=resource, concept=concept,
                    display=interned(displays), unit=interned(units), dosage=interned(dosages), value=value,
@@ -367,6 +341,55 @@ def _times(values: Sequence[float | None]) -> np.ndarray:
     out = np.array(values, dtype=np.float64)  # None: nan
     out[np.isnan(out)] = _NEG
     return out
+
+
+def _successors(successor: Sequence[str | None], hist: np.ndarray, index: dict[str, int]) -> np.ndarray:
+    """Per memory (clinical order), the index of the memory that replaced it: ``NO_SUCCESSOR`` when it is not in
+    HISTORY or names none, ``UNKNOWN_SUCCESSOR`` when it names one that is not in the record."""
+    succ = np.full(len(successor), NO_SUCCESSOR, dtype=np.int32)
+    for i in np.flatnonzero(hist).tolist():
+        if name := successor[i]:
+            succ[i] = index.get(name, UNKNOWN_SUCCESSOR)
+    return succ
+
+
+def _covered(source: Sequence[str | None], known: np.ndarray, evid: np.ndarray) -> np.ndarray:
+    """Per memory, whether an archived version of its own source resource names it as evidence."""
+    # An archived version whose evidence is a later version of the same source resource (a pharmacy stop of
+    # its start) covers that evidence: the stop does not stand for the order inside its own interval.
+    src_code: dict[str | None, int] = {s: k for k, s in enumerate(set(source)) if s is not None}
+    codes = np.array([src_code.get(s, -1) for s in source], dtype=np.int64)
+    same = known.copy()
+    same[known] = (codes[known] >= 0) & (codes[known] == codes[evid[known]])
+    covered = np.zeros(len(source), dtype=bool)
+    covered[evid[same]] = True
+    return covered
+
+
+def _encounter_ends(category: Sequence[str], encounter: Sequence[str | None], source: Sequence[str | None],
+                    t_end: np.ndarray, lifecycles: Sequence[str | None],
+                    col: Callable[[Sequence[Any]], tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """Per memory (clinical order), its encounter's end and the record that says so (``inf``, -1 when none or its
+    lifecycle does not end with its encounter). ``lifecycles`` are in row order; ``col`` puts them in clinical
+    order."""
+    # An open interval ends no later than its encounter (a pharmacy stop recorded after the discharge): each
+    # memory's encounter end, from the encounter's own record that says it ended (a discharge).
+    n = len(category)
+    closing: dict[str, tuple[float, int]] = {}
+    for i in [i for i, c in enumerate(category) if c == "encounter"]:
+        enc = encounter[i]
+        if enc is not None and source[i] == enc and np.isfinite(t_end[i]) \
+                and (enc not in closing or t_end[i] < closing[enc][0]):
+            closing[enc] = (float(t_end[i]), i)
+    ends_with = {v: Lifecycle(v).ends_with_encounter for v in set(lifecycles) if v}
+    enc_end = np.full(n, np.inf)
+    enc_end_rec = np.full(n, -1, dtype=np.int32)
+    if closing:
+        lifecycle = col(lifecycles)
+        for i, enc in enumerate(encounter):
+            if enc is not None and enc in closing and ends_with.get(lifecycle[i], False):
+                enc_end[i], enc_end_rec[i] = closing[enc]
+    return enc_end, enc_end_rec
 
 
 def threads(concept: Sequence[str | None], source: Sequence[str | None], succ: np.ndarray) -> np.ndarray:

@@ -165,6 +165,27 @@ def _one_thread(new: AtomicMemory, old: AtomicMemory) -> bool:
     return not running
 
 
+def _referenced_archives(entry: RecordEntry, memory: AtomicMemory, candidates: Sequence[Candidate],
+                         own: Reason | None) -> dict[str, Archive]:
+    """The ACTIVE prior memories of the resources ``entry`` names as replaced (superseded by ``memory``) or
+    discontinued (ended for ``memory``'s own reason, else stopped), by memory id."""
+    mid = memory.memory_id
+    archives: dict[str, Archive] = {}
+    replaced = {r.target for r in entry.references if r.role == ReferenceRole.REPLACES}
+    discontinued = {r.target for r in entry.references if r.role == ReferenceRole.DISCONTINUES}
+    for c in candidates:
+        s = c.stored
+        if s.store is not Store.ACTIVE or s.memory.entry_id == memory.entry_id or not s.memory.source_ref:
+            continue
+        if s.memory.source_ref in replaced:
+            archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=Reason.SUPERSEDED,
+                                                   successor_id=mid)
+        elif s.memory.source_ref in discontinued:
+            archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=own or Reason.STOPPED,
+                                                   successor_id=mid)
+    return archives
+
+
 def verbatim_memory(entry: RecordEntry, position: int = 0) -> AtomicMemory:
     """The entry's text kept whole as one ``note`` memory (free text nobody decomposed)."""
     return AtomicMemory(
@@ -279,19 +300,7 @@ class CodedReasoner:
         same_concept = [c.stored for c in candidates
                         if key and c.stored.memory.concept_key == key
                         and c.stored.memory.entry_id != memory.entry_id and _one_thread(memory, c.stored.memory)]
-        archives: dict[str, Archive] = {}
-        replaced = {r.target for r in entry.references if r.role == ReferenceRole.REPLACES}
-        discontinued = {r.target for r in entry.references if r.role == ReferenceRole.DISCONTINUES}
-        for c in candidates:
-            s = c.stored
-            if s.store is not Store.ACTIVE or s.memory.entry_id == memory.entry_id or not s.memory.source_ref:
-                continue
-            if s.memory.source_ref in replaced:
-                archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=Reason.SUPERSEDED,
-                                                       successor_id=mid)
-            elif s.memory.source_ref in discontinued:
-                archives[s.memory.memory_id] = Archive(memory_id=s.memory.memory_id, reason=own or Reason.STOPPED,
-                                                       successor_id=mid)
+        archives = _referenced_archives(entry, memory, candidates, own)
         explicit = bool(archives)
         for s in same_resource:
             # Versions of one resource replace each other concept by concept (a panel's components differ); an

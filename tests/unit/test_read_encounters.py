@@ -18,8 +18,8 @@ from schemas import AtomicMemory, Category, Coding, Lifecycle, Reason, Store, St
 from schemas.query import EvidenceItem
 from stam.read.aggregate import select
 from stam.read.render import render_block
-from stam.read.select import Selection, ThreadIndex
 from stam.read.service import read_plan
+from stam.read.threads import Selection, ThreadIndex
 from stam.read.timeline import Timeline
 
 LAB = "http://mimic.mit.edu/fhir/mimic/CodeSystem/mimic-d-labitems"

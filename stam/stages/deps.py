@@ -1,0 +1,88 @@
+"""What the write-path stages need (:class:`Deps`: the services, the frozen :class:`StageParams`, the worker's
+own :class:`InFlight`), and what the update stage returns (:class:`UpdateResult`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from schemas import Channel, TransitionEvent
+from stam.embedding import Embedder
+from stam.reasoning.base import Router
+from stam.stores.base import StateStore, VectorStore
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class InFlight:
+    """Per patient, the state version at which this worker last forwarded an entry from the link stage.
+
+    Every applied entry advances the version by one. If the link stage sees a patient at the same version
+    it last forwarded one at, that entry has not been applied yet, so anything computed now is certain to
+    be stale when this entry reaches the update stage: the link stage defers the work instead of doing it
+    twice. A patient not tracked here (a restart, a rebalance, eviction) simply gets the work done now.
+    """
+
+    def __init__(self, max_patients: int = 100_000) -> None:
+        self._seen: dict[str, int] = {}
+        self._max = max_patients
+
+    def defer(self, patient_id: str, version: int) -> bool:
+        stale = self._seen.get(patient_id) == version
+        if len(self._seen) >= self._max and patient_id not in self._seen:
+            self._seen.clear()
+        self._seen[patient_id] = version
+        return stale
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """The write path's frozen parameters (set from Settings by the composition root, or by an evaluation)."""
+
+    impact_budget: int = 48
+    """Semantic top-B of impact retrieval (the paper's 48)."""
+    graph_seeds: int = 3
+    """ACTIVE neighbours a model memory's graph hop starts from when it has no relation yet."""
+    graph_seed_min: float = 0.5
+    """Least cosine for such a neighbour."""
+    code_history: int = 16
+    """HISTORY memories of the same concept the code channel brings, the last recorded (with every ACTIVE one):
+    a lab test done 2,000 times would otherwise bring 2,000 candidates to every new value, and the cost of an entry
+    would grow with the record. Older values of the concept remain reachable through the semantic channel."""
+    impact_channels: frozenset[Channel] = frozenset(Channel)
+    """Channels impact retrieval uses; ``{SEMANTIC}`` is the paper's semantic-only ablation (stam eval)."""
+    commit_retries: int = 5
+    """Recomputations of a batch whose commit met a newer version, before giving up."""
+    lifecycle: bool = True
+    """The lifecycle's placements and endings (``stam.lifecycle``); off only for the evaluation's baselines that
+    accumulate (append-only) or follow the paper's concept rules alone."""
+
+
+@dataclass
+class Deps:
+    """What the stages need, in three parts: the services they call (interfaces: any implementation, a
+    projection in front of Milvus included), the frozen parameters, and this worker's own state."""
+
+    # interfaces
+    router: Router
+    embedder: Embedder
+    states: StateStore
+    vectors: VectorStore
+    clock: Callable[[], datetime] = field(default=_utcnow)
+    # frozen parameters
+    params: StageParams = field(default_factory=StageParams)
+    # worker-local state: never shared between processes, safe to lose
+    inflight: InFlight = field(default_factory=InFlight)
+
+
+@dataclass
+class UpdateResult:
+    """The transitions an entry made (or, when it was applied already, its outbox's) and the version it left."""
+
+    transitions: list[TransitionEvent]
+    state_version: int
+    duplicate: bool = False
+    redone: bool = False
