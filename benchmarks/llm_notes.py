@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from stam.eval.provenance import stamp
-from stam.serving.check import free_port
+from stam.net import free_port
 from stam.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from stam.eval.provenance import stamp
+from stam.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"
@@ -41,12 +41,6 @@ TOKEN = "timeline-benchmark-token"
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def copy_patient(source: Any, target: Any, patient: str, prefix: str = "stam") -> int:

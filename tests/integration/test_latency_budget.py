@@ -21,10 +21,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from stam.net import free_port
 from stam.publish import Publisher, PublishSummary
 from tests.conftest import REPO
 from tests.integration.broker import opened
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
 from workers.main import FUSED_FETCH_WAIT_MS
@@ -114,7 +115,7 @@ def test_at_low_load_an_entry_is_applied_within_a_few_broker_round_trips(stack_s
     s = stack_settings
     entries = small_bundle.entries
     assert len(entries) > MEASURED + 2
-    metrics = _free_port()
+    metrics = free_port()
     with _stam_process(s, "worker --stages fused", "fused-worker.log", STAM_METRICS_PORT=str(metrics)) as proc:
         # The first two: the worker starts, joins its group and loads its model (not measured).
         asyncio.run(_write_path(s, entries[:2], timeout=240))

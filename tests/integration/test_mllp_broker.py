@@ -26,10 +26,10 @@ from aiokafka import AIOKafkaConsumer
 from hl7.mllp import open_hl7_connection
 
 from stam.mllp import MllpListener
+from stam.net import free_port
 from stam.sources.hl7v2 import parse_message
 from tests.conftest import DATA, REPO
 from tests.integration.broker import _dead_letters, opened
-from tests.integration.conftest import _free_port
 from topology import topics as t
 from topology.admin import bootstrap
 
@@ -318,12 +318,12 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
     _need()
     names = _mapped_samples()[:40]
     messages = [sample(n, f"MLLP-K9-{i}") for i, n in enumerate(names)]
-    port = _free_port()
+    port = free_port()
     log = stack_settings.home / "mllp-kill.log"
     procs = [_listener(stack_settings, port, log)]
     acks: dict[int, bytes] = {}
     killed_at: list[int] = []
-    metrics, web = _free_port(), _free_port()
+    metrics, web = free_port(), free_port()
 
     def after_ack(i: int) -> None:
         if i == 14 and not killed_at:  # the next message is sent as the listener dies

@@ -27,6 +27,7 @@ import redis
 from schemas.query import QueryAnswer, QueryRequest
 from stam.compose import local_query_service
 from stam.crypto import sealer_for
+from stam.net import free_port
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.stages import process_entry
@@ -117,12 +118,6 @@ def test_answer_keeps_the_event_loop_running(deps: Any, small_bundle: Any) -> No
 
 # --- a Redis outage ------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_port(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -139,7 +134,7 @@ class RedisServer:
     start it again on the same port and data file."""
 
     def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.dir, self.port = directory, port or _free_port()
+        self.dir, self.port = directory, port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from stam.net import free_port
 from stam.read.scopes import new_token
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs, opened
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from topology import topics as t
 from topology.admin import bootstrap
 
@@ -37,7 +38,7 @@ def scoped(stack_settings: Any, worker: Any, small_bundle: Any) -> Any:
     tokens = {"ward": new_token(path, "ward", "clinician", None),
               "small": new_token(path, "small", "service:small", [SMALL_PATIENT]),
               "ghost": new_token(path, "ghost", "service:ghost", [GHOST])}
-    port = _free_port()
+    port = free_port()
     with _stam_process(stack_settings, "query-worker", "query-worker-scopes.log", STAM_QUERY_WEB_PORT=str(port),
                        STAM_QUERY_TOKENS_FILE=str(path), STAM_QUERY_KAFKA_REQUIRE_TOKEN="true") as proc:
         deadline = time.monotonic() + 180
