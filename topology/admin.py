@@ -11,10 +11,10 @@ from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stam.config import Settings
-from stam.transport import bootstrap, kafka_admin, kafka_client_kwargs, kafka_consumer, kafka_producer
+from stam.transport import kafka_admin, kafka_consumer, kafka_producer
 from topology import topics as t
 
-__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "read_to_end", "unprocessed"]
+__all__ = ["ensure_topics", "producer", "read_to_end", "unprocessed"]
 
 
 @contextlib.asynccontextmanager

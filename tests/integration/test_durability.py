@@ -76,7 +76,7 @@ def _stored(client: redis.Redis, patient: str) -> tuple[int, dict[str, tuple[str
 
 def test_a_redis_crash_that_loses_writes_is_rebuilt_from_the_log(stack_settings: Any, small_bundle: Any) -> None:
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     first, second = small_bundle.entries[:60], small_bundle.entries[60:]
     metrics_port = free_port()
     with _stam_process(s, "worker", "worker-durability.log", STAM_METRICS_PORT=str(metrics_port),
@@ -127,7 +127,7 @@ def test_a_worker_started_on_a_store_behind_its_checkpoint_rebuilds_first(stack_
                                                                             small_bundle: Any) -> None:
     """The whole host went down: Redis came back from an old snapshot and the worker restarts on it."""
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     ver_full, before = _stored(client, SMALL_PATIENT)
     assert ver_full > 0  # left by the test above
     cp = asyncio.run(read_checkpoint(s))
@@ -206,7 +206,7 @@ def test_a_store_without_a_patients_data_key_is_reported_not_skipped_silently(st
     from stam.recovery import recover
 
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     lost, kept = SMALL_PATIENT, next(p for p in (k.decode() for k in client.smembers("stam:patients"))
                                      if p != SMALL_PATIENT)
     ver_kept = _stored(client, kept)[0]

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from stam.net import free_port
+from stam.transport import kafka_producer
 from tests.conftest import SMALL_PATIENT, need_data
 from tests.integration.broker import collect_outputs
 from tests.integration.conftest import QUERY_TOKEN, _stam_process
@@ -197,12 +198,9 @@ def ops(stack_settings: Any) -> Iterator[dict[str, Any]]:
 
 
 def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: Any, small_bundle: Any) -> None:
-    from aiokafka import AIOKafkaProducer
-
     from schemas.query import QueryRequest
     from stam.publish import Publisher, PublishSummary
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
     s, ports, prom, logs = ops["settings"], ops["ports"], ops["prom"], ops["logs"]
     # Both workers up: ready, and holding their partitions (the lag gauge exists once partitions are assigned).
@@ -242,7 +240,7 @@ def test_prometheus_scrapes_the_workers_and_every_dashboard_query_has_data(ops: 
     want = {e.entry_id for e in small_bundle.entries}
 
     async def burst() -> None:
-        producer = AIOKafkaProducer(**kafka_client_kwargs(s))
+        producer = kafka_producer(s)
         await producer.start()
         try:
             await producer.send_and_wait(t.ENTRIES.name(s.topic_prefix), key=SMALL_PATIENT.encode(),

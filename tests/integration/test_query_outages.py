@@ -31,6 +31,7 @@ from stam.net import free_port
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.stages import process_entry
+from stam.transport import kafka_consumer, kafka_producer
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import opened
 
@@ -220,20 +221,17 @@ def _http(port: int, body: dict[str, Any]) -> tuple[int, dict[str, str], dict[st
 
 
 async def _kafka_roundtrip(settings: Any, req: QueryRequest) -> QueryAnswer:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
     from topology import topics as t
-    from topology.admin import bootstrap
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(t.QUERIES.name(settings.topic_prefix), key=req.patient_id.encode(),
                                      value=req.model_dump_json().encode())
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(t.ANSWERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
+    consumer = kafka_consumer(settings, t.ANSWERS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None)
     await consumer.start()
     try:
         end = time.monotonic() + 180

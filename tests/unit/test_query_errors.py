@@ -19,6 +19,7 @@ from pymilvus.exceptions import MilvusException
 from schemas.query import QueryAnswer, QueryRequest
 from stam.net import free_port
 from stam.read.service import QueryError, QueryService, UnsupportedQuery, classify, failed_answer
+from stam.transport import milvus_client
 from workers.query import http_status, observe
 
 PATIENT = "patient-secret-17"
@@ -50,10 +51,8 @@ def test_redis_down_is_unavailable_but_a_refused_login_is_not() -> None:
 
 
 def test_milvus_down_is_unavailable_other_milvus_errors_are_not() -> None:
-    from pymilvus import MilvusClient
-
     logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
-    exc = _raised(lambda: MilvusClient(uri=f"http://127.0.0.1:{free_port()}"))
+    exc = _raised(lambda: milvus_client(f"http://127.0.0.1:{free_port()}"))
     kind, message = classify(exc)
     assert isinstance(exc, MilvusException) and kind == "unavailable"
     assert message.startswith("Milvus unavailable: Fail connecting to server") and "MilvusException" not in message
