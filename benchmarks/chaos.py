@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stam.eval.provenance import stamp
+from stam.transport import kafka_consumer, kafka_producer, redis_client
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -123,15 +124,13 @@ def _publish(stack: Stack, paths: list[Path], rate: float | None) -> subprocess.
 
 async def _lag(settings: Any) -> int | None:
     """Messages of the write path's input topics not yet committed by its consumer group (None: unknown)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
     names = [spec.name(settings.topic_prefix) for spec in (t.ENTRIES, t.EXTRACTED, t.LINKED, t.IMPACTED)]
     # A consumer of the group that never subscribes: it reads the group's committed offsets, it joins nothing.
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=settings.app_id,
-                                enable_auto_commit=False)
+    consumer = kafka_consumer(settings, group_id=settings.app_id, enable_auto_commit=False)
     try:
         await consumer.start()
         tps = [TopicPartition(n, p) for n in names for p in range(settings.partitions)]
@@ -167,7 +166,7 @@ def _versions(stack: Stack) -> int:
     """The sum of every patient's state version (entries applied), waiting for Redis to answer."""
     import redis as redis_py
 
-    client = redis_py.Redis.from_url(stack.settings.redis_url)
+    client = redis_client(stack.settings)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -313,12 +312,9 @@ def faults_section(bundles: int, worker_kills: int, seed: int, work: Path, *,
 
 
 async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> None:
-    from aiokafka import AIOKafkaProducer
-
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
-    producer = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all", linger_ms=5)
+    producer = kafka_producer(settings, acks="all", linger_ms=5)
     await producer.start()
     try:
         futures = [await producer.send(t.ENTRIES.name(settings.topic_prefix), key=k, value=v) for k, v in items]
@@ -328,16 +324,16 @@ async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> None:
 
 
 async def _dead_letters(settings: Any) -> list[dict[str, Any]]:
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
     from stam.crypto import sealer_for
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs, read_to_end
+    from topology.admin import read_to_end
 
     sealer = sealer_for(settings)
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=None, enable_auto_commit=False,
-                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+    consumer = kafka_consumer(settings, group_id=None, enable_auto_commit=False, fetch_max_bytes=64 * 1024 * 1024,
+                              max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
     try:
         tps = [TopicPartition(topic, p) for p in range(settings.partitions)]

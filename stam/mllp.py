@@ -277,14 +277,12 @@ class MllpListener:
         self._inflight: dict[str, list[Any]] = {}  # key -> [lock, users]: one message key handled at a time
 
     async def start(self) -> None:
-        import redis.asyncio
-
         from stam.publish import Publisher
-        from stam.transport import redis_kwargs
+        from stam.transport import async_redis_client
 
         self._publisher = Publisher(self.settings, source_system=self.source_system)  # in the loop (aiokafka)
         await self._publisher.__aenter__()
-        self._redis = redis.asyncio.Redis.from_url(self.settings.redis_url, **redis_kwargs(self.settings))
+        self._redis = async_redis_client(self.settings)
         await self._redis.ping()
         # The reader's limit is the size limit (read_frame handles a block over it); the ACKs are small.
         self._server = await start_hl7_server(self._connected, self.settings.mllp_host, self.settings.mllp_port,

@@ -14,7 +14,6 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
 from pydantic import ValidationError
 
 from schemas import DeadLetter, RecordEntry
@@ -27,8 +26,9 @@ from stam.errors import InputRefused, MessageTooLarge, SourceError
 from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
 from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, detect, format_names, formats
+from stam.transport import kafka_producer
 from topology import topics as t
-from topology.admin import ensure_topics, kafka_client_kwargs
+from topology.admin import ensure_topics
 
 log = logging.getLogger("stam.publish")
 
@@ -65,8 +65,7 @@ class Publisher:
         self._keys = source_keys(settings) if source_system else None
         if self._keys is not None and source_system is not None:
             self._keys.sign_headers(source_system, b"")  # an unknown source is refused before anything is sent
-        self._producer = AIOKafkaProducer(**kafka_client_kwargs(settings), linger_ms=5,
-                                          max_batch_size=256 * 1024, acks="all")
+        self._producer = kafka_producer(settings, linger_ms=5, max_batch_size=256 * 1024, acks="all")
 
     async def __aenter__(self) -> Publisher:
         try:

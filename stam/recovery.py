@@ -36,8 +36,9 @@ from schemas import TransitionEvent
 from stam.config import Settings
 from stam.metrics import RECOVERED_PATIENTS, RECOVERIES, UNREADABLE
 from stam.stage_thread import STAGE_THREAD
+from stam.transport import kafka_consumer
 from topology import topics as t
-from topology.admin import kafka_client_kwargs, read_to_end
+from topology.admin import read_to_end
 
 if TYPE_CHECKING:
     from stam.stages import Deps
@@ -80,9 +81,7 @@ def behind(checkpoint: Checkpoint | None, marks: tuple[str | None, int]) -> bool
 
 
 async def _consumer(settings: Settings) -> Any:
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None)
+    consumer = kafka_consumer(settings, enable_auto_commit=False, group_id=None)
     await consumer.start()
     return consumer
 

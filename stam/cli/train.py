@@ -38,8 +38,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
     url, stop = args.teacher_url, None
     if not url:
         from stam.errors import ServeOptionError, WeightsError
+        from stam.net import free_port
         from stam.serving.app import run
-        from stam.serving.check import free_port
         from stam.serving.config import ServingConfig
         from stam.serving.options import local_engine
 

@@ -40,18 +40,15 @@ async def consume_transitions(settings: Settings, *, until_entries: set[str] | N
                                show_entries: set[str] | None = None) -> dict[str, int]:
     """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries').
     Sealed values are opened; those of erased patients are skipped."""
-    from aiokafka import AIOKafkaConsumer
-
     from stam.crypto import sealer_for
     from stam.errors import Erased, SealBroken
+    from stam.transport import kafka_consumer
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
     sealer = sealer_for(settings)
-    consumer = AIOKafkaConsumer(
-        t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
-        **kafka_client_kwargs(settings), auto_offset_reset="earliest", enable_auto_commit=False,
-        group_id=None)
+    consumer = kafka_consumer(
+        settings, t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
+        auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
     try:
         await consumer.start()
     except BaseException:

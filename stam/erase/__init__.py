@@ -48,12 +48,12 @@ from stam.erase.files import (
     parquet_strings,
     read_file,
 )
-from stam.erase.milvus_store import count_rows, erase_milvus, milvus_client, patient_collections, patient_expr
+from stam.erase.milvus_store import count_rows, erase_milvus, patient_collections, patient_expr
 from stam.erase.redis_store import STATE_PARTS, erase_redis, redis_keys, rewrite_redis_files, state_key
 from stam.erase.register import ErasureRegister, Report, is_erased, mark_erased
 from stam.erase.topics import Crypto
 from stam.erase.verify import pick_samples, scan
-from stam.transport import redis_client
+from stam.transport import deployment_milvus_client, redis_client
 from topology import topics as t
 
 __all__ = ["LOG_SUFFIXES", "REDACTED", "STATE_PARTS", "TEXT_SUFFIXES", "Crypto", "ErasureRegister", "Report",
@@ -75,7 +75,7 @@ def plan(settings: Settings, patient_id: str, *, client: redis.Redis | None = No
         "outboxes": len(keys["outboxes"]),
         "in_patients_set": int(bool(client.sismember(f"{prefix}:patients", patient_id))),
     }
-    mc = milvus_client(settings)
+    mc = deployment_milvus_client(settings)
     try:
         counts["milvus_vectors"] = sum(count_rows(mc, n, patient_expr(patient_id)) for n in patient_collections(mc))
     finally:

@@ -23,17 +23,7 @@ from stam.embedding import deployment_embedder, memory_vectors
 from stam.erase.redis_store import key_name, state_key
 from stam.erase.register import Report
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import milvus_token
-
-
-def milvus_client(settings: Settings) -> Any:
-    """A client of the deployment's Milvus (a server, or a Milvus Lite file); the caller closes it."""
-    # Deferred: pymilvus is a heavy import (gRPC) that only the Milvus steps need.
-    from pymilvus import MilvusClient
-
-    uri = settings.resolved_milvus_uri()
-    token = milvus_token(settings)
-    return MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
+from stam.transport import deployment_milvus_client
 
 
 def patient_collections(client: Any) -> list[str]:
@@ -134,7 +124,7 @@ def _repair(settings: Settings, mc: Any, name: str, pk: str, kept: list[dict[str
 
 def erase_milvus(settings: Settings, patient_id: str, client: redis.Redis, report: Report) -> None:
     """The patient's vectors out of every Milvus collection (both stores), with what was deleted in ``report``."""
-    mc = milvus_client(settings)
+    mc = deployment_milvus_client(settings)
     try:
         lite = _is_lite(mc, settings)
         removed = 0

@@ -79,12 +79,12 @@ async def raw_topic_scan(settings: Settings, needles: list[bytes], sealer: Any =
     bytes, and with ``sealer`` what every envelope that still opens holds (an erased patient's do not)."""
     # Deferred: aiokafka is a heavy import that only the topic scan needs (stam rebuild imports this package for
     # the register alone).
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
 
-    from topology.admin import kafka_client_kwargs, read_to_end
+    from stam.transport import kafka_consumer
+    from topology.admin import read_to_end
 
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest")
+    consumer = kafka_consumer(settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")
     try:
         await consumer.start()
     except BaseException:

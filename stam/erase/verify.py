@@ -20,11 +20,11 @@ from schemas import StoredMemory
 from stam import stack
 from stam.config import Settings
 from stam.erase.files import home_files, parquet_strings, read_file
-from stam.erase.milvus_store import count_rows, milvus_client
+from stam.erase.milvus_store import count_rows
 from stam.erase.redis_store import key_name, redis_keys, state_key
 from stam.erase.topics import Crypto, raw_topic_scan
 from stam.stores import redis_state
-from stam.transport import redis_client
+from stam.transport import deployment_milvus_client, redis_client, socket_redis_client
 
 # --- sample texts ----------------------------------------------------------------------------------
 
@@ -126,7 +126,7 @@ def _redis_file_hits(path: Path, needles: Sequence[list[bytes]]) -> int | None:
         proc = subprocess.Popen([exe, "--port", "0", "--unixsocket", sock, "--dir", tmp, "--save", "", *load],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            client = redis.Redis(unix_socket_path=sock)
+            client = socket_redis_client(sock)
             deadline = time.monotonic() + 60
             while True:
                 try:
@@ -199,7 +199,7 @@ def scan(settings: Settings, patient_id: str, samples: Sequence[str] = (), *,
 
 def _scan_milvus(settings: Settings, patient_id: str) -> tuple[int, list[str]]:
     """Rows whose VARCHAR field is the id, in every collection: how many, and where (``collection.field``)."""
-    mc = milvus_client(settings)
+    mc = deployment_milvus_client(settings)
     try:
         hits = []
         rows = 0

@@ -87,16 +87,15 @@ class Notifier:
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
         import aiohttp
-        from aiokafka import AIOKafkaConsumer
 
-        from stam.transport import kafka_client_kwargs
+        from stam.transport import kafka_consumer
         from topology import topics as t
 
         ctx = ssl.create_default_context(cafile=str(self.settings.fhir_endpoint_cafile)
                                          if self.settings.fhir_endpoint_cafile else None)
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx))
-        self._consumer = AIOKafkaConsumer(
-            t.TRANSITIONS.name(self.settings.topic_prefix), **kafka_client_kwargs(self.settings),
+        self._consumer = kafka_consumer(
+            self.settings, t.TRANSITIONS.name(self.settings.topic_prefix),
             group_id=self.settings.fhir_group, enable_auto_commit=False, auto_offset_reset="earliest",
             session_timeout_ms=int(self.settings.session_timeout_s * 1000))
         try:

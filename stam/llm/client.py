@@ -62,6 +62,11 @@ _RETRY_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 class LLMClient:
+    """The project's one client of a chat-completions endpoint (every language-model call goes through one;
+    ``tests/unit/test_factories.py`` holds it): ``timeout_s`` per request, ``retries`` with exponential backoff
+    from ``backoff_s``, ``max_concurrency`` requests at once, the bearer ``api_key`` when given; plain HTTP(S)
+    with the system's trust store (urllib)."""
+
     def __init__(self, base_url: str, model: str, *, api_key: str = "", timeout_s: float = 120.0, retries: int = 3,
                  backoff_s: float = 0.5, max_concurrency: int = 4) -> None:
         self.base_url = base_url.rstrip("/")

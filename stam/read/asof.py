@@ -181,17 +181,18 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
 async def read_patient_transitions(settings: Settings, patient_id: str, sealer: Any = None) -> list[TransitionEvent]:
     """Every transition of one patient, read from its partition of the transitions topic (keyed by the patient's
     pseudonym, sealed for it: ``stam.crypto``). An erased patient has none."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka import TopicPartition
     from aiokafka.partitioner import DefaultPartitioner
 
     from stam.crypto import sealer_for
     from stam.errors import Erased
+    from stam.transport import kafka_consumer
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs, read_to_end
+    from topology.admin import read_to_end
 
     sealer = sealer or sealer_for(settings)
     topic = t.TRANSITIONS.name(settings.topic_prefix)
-    consumer = AIOKafkaConsumer(**kafka_client_kwargs(settings), enable_auto_commit=False, group_id=None)
+    consumer = kafka_consumer(settings, enable_auto_commit=False, group_id=None)
     await consumer.start()
     try:
         parts = sorted(consumer.partitions_for_topic(topic) or [])

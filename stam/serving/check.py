@@ -21,13 +21,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from stam.net import free_port
 
 MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 NOTE_FILE = Path("synthea-bulk-10p") / "DocumentReference.000.ndjson"
@@ -44,12 +45,6 @@ def note_text() -> str:
         if NOTE_ID in line:
             return base64.b64decode(json.loads(line)["content"][0]["attachment"]["data"]).decode()
     raise LookupError(f"note {NOTE_ID} not in {path}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -17,11 +17,12 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
-from pymilvus import DataType, MilvusClient, MilvusException
+from pymilvus import DataType, MilvusException
 
 from schemas import Store
 from stam.errors import StoreRejected
 from stam.stores.base import Hit, VectorRow, VectorStore
+from stam.transport import milvus_client
 
 log = logging.getLogger("stam.stores.milvus")
 
@@ -74,7 +75,7 @@ class MilvusVectorStore(VectorStore):
     def __init__(self, uri: str, *, dim: int, prefix: str = "stam", token: str = "") -> None:
         if uri.endswith(".db"):  # Milvus Lite in this process: its gRPC server logs here
             logging.getLogger("grpc._server").addFilter(_LITE_FILTER)  # once: a filter is kept once per logger
-        self._client = MilvusClient(uri=uri, token=token) if token else MilvusClient(uri=uri)
+        self._client = milvus_client(uri, token=token)
         self._dim = dim
         self._name = f"{prefix}_memories"
         self._written = True  # since the last flush (a new client: what an earlier one wrote may be unsealed)

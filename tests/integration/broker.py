@@ -7,13 +7,11 @@ import json
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
 from schemas import RecordEntry
 from stam.publish import Publisher, PublishSummary
+from stam.transport import kafka_consumer, kafka_producer
 from tests.conftest import SMALL_PATIENT
 from topology import topics as t
-from topology.admin import bootstrap
 
 _SEALERS: dict[tuple[str, str], Any] = {}
 
@@ -31,7 +29,7 @@ def opened(settings: Any, value: bytes) -> bytes:
 async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] = ()) -> None:  # type: ignore[assignment]
     async with Publisher(settings) as pub:
         if raw:
-            producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+            producer = kafka_producer(settings)
             await producer.start()
             for value in raw:
                 await producer.send_and_wait(t.ENTRIES.name(settings.topic_prefix),
@@ -43,10 +41,8 @@ async def _publish(settings: Any, entries: list[RecordEntry], raw: list[bytes] =
 async def collect_outputs(settings: Any, want_entries: set[str], timeout: float) -> tuple[list[dict], list[dict]]:
     """The transitions and dead letters on the stack's topics (from the start), opened, read until every entry in
     ``want_entries`` has a transition or ``timeout`` seconds pass."""
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix),
-                                t.DEAD_LETTERS.name(settings.topic_prefix),
-                                bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest",
-                                group_id=None)
+    consumer = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix),
+                              t.DEAD_LETTERS.name(settings.topic_prefix), auto_offset_reset="earliest", group_id=None)
     await consumer.start()
     transitions: list[dict] = []
     letters: list[dict] = []
@@ -64,8 +60,8 @@ async def collect_outputs(settings: Any, want_entries: set[str], timeout: float)
 
 
 async def _dead_letters(settings: Any) -> list[dict]:
-    consumer = AIOKafkaConsumer(t.DEAD_LETTERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
+    consumer = kafka_consumer(settings, t.DEAD_LETTERS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None)
     await consumer.start()
     try:
         got = await consumer.getmany(timeout_ms=3000)

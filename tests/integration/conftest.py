@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,15 +11,10 @@ from typing import Any
 
 import pytest
 
+from stam.net import free_port
 from tests.conftest import REPO
 
 QUERY_TOKEN = "integration-test-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -45,7 +39,7 @@ def _stam_process(s: Any, command: str, log_name: str, **env: str) -> Iterator[s
 
 @pytest.fixture(scope="module")
 def worker(stack_settings: Any) -> Any:
-    metrics_port = _free_port()
+    metrics_port = free_port()
     with _stam_process(stack_settings, "worker", "worker.log", STAM_METRICS_PORT=str(metrics_port)) as proc:
         proc.metrics_port = metrics_port  # type: ignore[attr-defined]
         yield proc
@@ -54,7 +48,7 @@ def worker(stack_settings: Any) -> Any:
 @pytest.fixture(scope="module")
 def query_worker(stack_settings: Any) -> Any:
     """The query consumer in its own process, with an HTTP port and a bearer token."""
-    web_port = _free_port()
+    web_port = free_port()
     with _stam_process(stack_settings, "query-worker", "query-worker.log", STAM_QUERY_WEB_PORT=str(web_port),
                        STAM_QUERY_TOKEN=QUERY_TOKEN) as proc:
         proc.web_port = web_port  # type: ignore[attr-defined]

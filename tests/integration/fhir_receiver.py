@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -18,11 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from stam.net import free_port
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:

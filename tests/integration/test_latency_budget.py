@@ -18,15 +18,16 @@ import urllib.request
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import TopicPartition
+from aiokafka.admin import NewTopic
 
+from stam.net import free_port
 from stam.publish import Publisher, PublishSummary
+from stam.transport import kafka_admin, kafka_consumer, kafka_producer
 from tests.conftest import REPO
 from tests.integration.broker import opened
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from topology import topics as t
-from topology.admin import bootstrap
 from workers.main import FUSED_FETCH_WAIT_MS
 
 pytestmark = pytest.mark.integration
@@ -40,16 +41,16 @@ FLOOR_TOPIC = "latency-floor"
 async def _floor(settings: Any, n: int = 12) -> list[float]:
     """Seconds from each send to its receipt by a consumer that fetches as the worker does (same broker, same fetch
     wait), one message at a time, ``SPACING_S`` apart."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap(settings))
+    admin = kafka_admin(settings)
     await admin.start()
     try:
         if FLOOR_TOPIC not in await admin.list_topics():
             await admin.create_topics([NewTopic(FLOOR_TOPIC, 1, 1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), linger_ms=0)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None,
-                                fetch_max_wait_ms=FUSED_FETCH_WAIT_MS, auto_offset_reset="latest")
+    producer = kafka_producer(settings, linger_ms=0)
+    consumer = kafka_consumer(settings, group_id=None, fetch_max_wait_ms=FUSED_FETCH_WAIT_MS,
+                              auto_offset_reset="latest")
     await producer.start()
     await consumer.start()
     tp = TopicPartition(FLOOR_TOPIC, 0)
@@ -76,8 +77,8 @@ async def _floor(settings: Any, n: int = 12) -> list[float]:
 async def _write_path(settings: Any, entries: list[Any], timeout: float) -> dict[str, float]:
     """Each entry published alone, ``SPACING_S`` apart once the one before is applied: seconds from its publish to
     its first transition on the topic (read by a follower that fetches every 10 ms)."""
-    follower = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                group_id=None, fetch_max_wait_ms=10, auto_offset_reset="latest")
+    follower = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix), group_id=None, fetch_max_wait_ms=10,
+                              auto_offset_reset="latest")
     await follower.start()
     await follower.getmany(timeout_ms=500)  # assigned and at the end before anything is sent
     seen: dict[str, float] = {}
@@ -114,7 +115,7 @@ def test_at_low_load_an_entry_is_applied_within_a_few_broker_round_trips(stack_s
     s = stack_settings
     entries = small_bundle.entries
     assert len(entries) > MEASURED + 2
-    metrics = _free_port()
+    metrics = free_port()
     with _stam_process(s, "worker --stages fused", "fused-worker.log", STAM_METRICS_PORT=str(metrics)) as proc:
         # The first two: the worker starts, joins its group and loads its model (not measured).
         asyncio.run(_write_path(s, entries[:2], timeout=240))
@@ -140,7 +141,7 @@ def test_a_fused_worker_will_not_start_over_work_left_on_the_four_stages_topics(
     s = stack_settings
 
     async def leave_one() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(s))
+        producer = kafka_producer(s)
         await producer.start()
         try:
             await producer.send_and_wait(t.LINKED.name(s.topic_prefix), b"an entry between link and impact")

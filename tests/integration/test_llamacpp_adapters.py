@@ -5,13 +5,13 @@ Serve app, switched per request without leaking the adapter into the base model'
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from stam.net import free_port
 from stam.serving.check import note_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.extras]
@@ -39,9 +39,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from stam.serving.app import run
     from stam.serving.config import LlamaCppEngine, ServingConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run(ServingConfig(engine=LlamaCppEngine(model_id=MODEL, n_ctx=4096, loras={"tiny": report["adapter"]}),
                       port=port), blocking=False, num_cpus=2)
     yield f"http://127.0.0.1:{port}/v1", report

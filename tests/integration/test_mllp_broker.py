@@ -22,16 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer
 from hl7.mllp import open_hl7_connection
 
 from stam.mllp import MllpListener
+from stam.net import free_port
 from stam.sources.hl7v2 import parse_message
+from stam.transport import kafka_consumer
 from tests.conftest import DATA, REPO
 from tests.integration.broker import _dead_letters, opened
-from tests.integration.conftest import _free_port
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = [pytest.mark.integration, pytest.mark.durable_broker]  # the broker is killed and started again
 HL7 = DATA / "hl7v2-samples"
@@ -101,8 +100,8 @@ async def exchange(port: int, messages: list[bytes], *, ssl_ctx: ssl.SSLContext 
 
 async def topic_entries(settings: Any, quiet_ms: int = 1500) -> list[dict[str, Any]]:
     """Every entry on the entries topic (opened), read until it has been quiet for ``quiet_ms``."""
-    consumer = AIOKafkaConsumer(t.ENTRIES.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
+    consumer = kafka_consumer(settings, t.ENTRIES.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None)
     await consumer.start()
     out: list[dict[str, Any]] = []
     try:
@@ -318,12 +317,12 @@ def test_kill_9_mid_stream_then_the_senders_resend_loses_and_duplicates_nothing(
     _need()
     names = _mapped_samples()[:40]
     messages = [sample(n, f"MLLP-K9-{i}") for i, n in enumerate(names)]
-    port = _free_port()
+    port = free_port()
     log = stack_settings.home / "mllp-kill.log"
     procs = [_listener(stack_settings, port, log)]
     acks: dict[int, bytes] = {}
     killed_at: list[int] = []
-    metrics, web = _free_port(), _free_port()
+    metrics, web = free_port(), free_port()
 
     def after_ack(i: int) -> None:
         if i == 14 and not killed_at:  # the next message is sent as the listener dies

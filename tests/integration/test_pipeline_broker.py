@@ -12,15 +12,13 @@ import urllib.request
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from schemas import Reason, Store
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import redis_client
+from stam.transport import kafka_consumer, kafka_producer, redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _dead_letters, _publish, collect_outputs, opened
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -176,7 +174,7 @@ def test_query_worker_over_http_and_kafka(stack_settings: Any, worker: Any, quer
     good = QueryRequest(request_id="kafka-q1", patient_id=SMALL_PATIENT, question="What is the body height?")
 
     async def roundtrip() -> QueryAnswer:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(stack_settings))
+        producer = kafka_producer(stack_settings)
         await producer.start()
         try:
             topic = t.QUERIES.name(stack_settings.topic_prefix)
@@ -184,8 +182,8 @@ def test_query_worker_over_http_and_kafka(stack_settings: Any, worker: Any, quer
             await producer.send_and_wait(topic, key=SMALL_PATIENT.encode(), value=good.model_dump_json().encode())
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(t.ANSWERS.name(stack_settings.topic_prefix), bootstrap_servers=bootstrap(
-            stack_settings), auto_offset_reset="earliest", group_id=None)
+        consumer = kafka_consumer(stack_settings, t.ANSWERS.name(stack_settings.topic_prefix),
+                                  auto_offset_reset="earliest", group_id=None)
         await consumer.start()
         try:
             end = time.monotonic() + 180

@@ -15,18 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import TopicPartition
 
 from benchmarks.hostile import expected, hostile_files, hostile_inputs, hostile_key
 from schemas import RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES
 from stam.stores.redis_state import RedisStateStore
-from stam.transport import redis_client
+from stam.transport import kafka_consumer, kafka_producer, redis_client
 from tests.conftest import SMALL_BUNDLE, SMALL_PATIENT
 from tests.integration.broker import opened
 from tests.integration.conftest import _stam_process
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +66,7 @@ def poison_worker(stack_settings: Any) -> Iterator[_Worker]:
 
 async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> list[tuple[int, int]]:
     """Publish (key, value) pairs in order on the entries topic; returns their (partition, offset)."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings), acks="all")
+    producer = kafka_producer(settings, acks="all")
     await producer.start()
     try:
         metas = [await producer.send_and_wait(t.ENTRIES.name(settings.topic_prefix), key=k, value=v)
@@ -79,9 +78,9 @@ async def _send_raw(settings: Any, items: list[tuple[bytes, bytes]]) -> list[tup
 
 async def _read(settings: Any, done: Any, timeout: float) -> tuple[list[dict], list[dict]]:
     """Transitions and dead letters from offset 0, until ``done(transitions, letters)`` or the timeout."""
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), t.DEAD_LETTERS.name(settings.topic_prefix),
-                                bootstrap_servers=bootstrap(settings), auto_offset_reset="earliest", group_id=None,
-                                fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
+    consumer = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix),
+                              t.DEAD_LETTERS.name(settings.topic_prefix), auto_offset_reset="earliest", group_id=None,
+                              fetch_max_bytes=64 * 1024 * 1024, max_partition_fetch_bytes=16 * 1024 * 1024)
     await consumer.start()
     transitions: list[dict] = []
     letters: list[dict] = []
@@ -282,7 +281,7 @@ def test_publisher_refuses_an_entry_that_breaks_a_limit_after_it_was_built(stack
 
 async def _entries_on_the_topic(settings: Any) -> int:
     """The entries topic's end offsets, summed over its partitions: it grows when anything arrives there."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap(settings), group_id=None)
+    consumer = kafka_consumer(settings, group_id=None)
     await consumer.start()
     try:
         topic = t.ENTRIES.name(settings.topic_prefix)

@@ -28,9 +28,11 @@ from typing import Any
 
 import pytest
 
+from stam.net import free_port
+from stam.transport import kafka_producer
 from tests.conftest import SMALL_PATIENT, need_data
 from tests.integration.broker import collect_outputs
-from tests.integration.conftest import QUERY_TOKEN, _free_port, _stam_process
+from tests.integration.conftest import QUERY_TOKEN, _stam_process
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +78,7 @@ ALLOW_EMPTY: dict[str, str] = {
 
 class Prometheus:
     def __init__(self, home: Path, targets: dict[str, int]) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.home = home
         jobs = "".join(f"  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
                        for job, port in targets.items())
@@ -178,8 +180,8 @@ def ops(stack_settings: Any) -> Iterator[dict[str, Any]]:
         pytest.skip("no prometheus server on PATH (Debian package `prometheus`: `make prometheus`)")
     need_data()
     s = stack_settings
-    ports = {"web": _free_port(), "write_metrics": _free_port(), "query_web": _free_port(),
-             "query_metrics": _free_port()}
+    ports = {"web": free_port(), "write_metrics": free_port(), "query_web": free_port(),
+             "query_metrics": free_port()}
     common = {"STAM_LAG_INTERVAL_S": "1", "STAM_READY_CACHE_S": "1", "STAM_READY_TIMEOUT_S": "2"}
     with _stam_process(s, "worker", "ops-worker.log", STAM_WEB_PORT=str(ports["web"]),
                        STAM_METRICS_PORT=str(ports["write_metrics"]), **common) as worker, \
@@ -235,17 +237,14 @@ def _warm_up(s: Any, prom: Any, logs: Any, small_bundle: Any) -> None:
 def _stream_and_ask(s: Any, ports: dict[str, int], small_bundle: Any) -> None:
     # The stream: one malformed entry (a dead letter), then the patient's 132 entries at 40/s (several batches
     # per stage, so every rate sees increases between scrapes), questions meanwhile.
-    from aiokafka import AIOKafkaProducer
-
     from schemas.query import QueryRequest
     from stam.publish import Publisher, PublishSummary
     from topology import topics as t
-    from topology.admin import kafka_client_kwargs
 
     want = {e.entry_id for e in small_bundle.entries}
 
     async def burst() -> None:
-        producer = AIOKafkaProducer(**kafka_client_kwargs(s))
+        producer = kafka_producer(s)
         await producer.start()
         try:
             await producer.send_and_wait(t.ENTRIES.name(s.topic_prefix), key=SMALL_PATIENT.encode(),

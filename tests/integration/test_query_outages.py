@@ -27,9 +27,11 @@ import redis
 from schemas.query import QueryAnswer, QueryRequest
 from stam.compose import local_query_service
 from stam.crypto import sealer_for
+from stam.net import free_port
 from stam.read.gate import StoreGate
 from stam.read.service import QueryService
 from stam.stages import process_entry
+from stam.transport import kafka_consumer, kafka_producer
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import opened
 
@@ -117,12 +119,6 @@ def test_answer_keeps_the_event_loop_running(deps: Any, small_bundle: Any) -> No
 
 # --- a Redis outage ------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_port(port: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -139,7 +135,7 @@ class RedisServer:
     start it again on the same port and data file."""
 
     def __init__(self, directory: Path, port: int | None = None) -> None:
-        self.dir, self.port = directory, port or _free_port()
+        self.dir, self.port = directory, port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -225,20 +221,17 @@ def _http(port: int, body: dict[str, Any]) -> tuple[int, dict[str, str], dict[st
 
 
 async def _kafka_roundtrip(settings: Any, req: QueryRequest) -> QueryAnswer:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
     from topology import topics as t
-    from topology.admin import bootstrap
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(t.QUERIES.name(settings.topic_prefix), key=req.patient_id.encode(),
                                      value=req.model_dump_json().encode())
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(t.ANSWERS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
+    consumer = kafka_consumer(settings, t.ANSWERS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None)
     await consumer.start()
     try:
         end = time.monotonic() + 180

@@ -12,14 +12,14 @@ import time
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from stam.net import free_port
 from stam.read.scopes import new_token
+from stam.transport import kafka_consumer, kafka_producer
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs, opened
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def scoped(stack_settings: Any, worker: Any, small_bundle: Any) -> Any:
     tokens = {"ward": new_token(path, "ward", "clinician", None),
               "small": new_token(path, "small", "service:small", [SMALL_PATIENT]),
               "ghost": new_token(path, "ghost", "service:ghost", [GHOST])}
-    port = _free_port()
+    port = free_port()
     with _stam_process(stack_settings, "query-worker", "query-worker-scopes.log", STAM_QUERY_WEB_PORT=str(port),
                        STAM_QUERY_TOKENS_FILE=str(path), STAM_QUERY_KAFKA_REQUIRE_TOKEN="true") as proc:
         deadline = time.monotonic() + 180
@@ -163,7 +163,7 @@ def test_queries_on_the_topic_are_answered_within_their_tokens_scope(stack_setti
             "k-allowed": (SMALL_PATIENT, tokens["small"])}
 
     async def roundtrip() -> dict[str, dict[str, Any]]:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap(stack_settings))
+        producer = kafka_producer(stack_settings)
         await producer.start()
         try:
             for rid, (patient, token) in asks.items():
@@ -174,9 +174,8 @@ def test_queries_on_the_topic_are_answered_within_their_tokens_scope(stack_setti
                                              headers=[("authorization", f"Bearer {token}".encode())] if token else [])
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(t.ANSWERS.name(stack_settings.topic_prefix),
-                                    bootstrap_servers=bootstrap(stack_settings), auto_offset_reset="earliest",
-                                    group_id=None)
+        consumer = kafka_consumer(stack_settings, t.ANSWERS.name(stack_settings.topic_prefix),
+                                  auto_offset_reset="earliest", group_id=None)
         await consumer.start()
         got: dict[str, dict[str, Any]] = {}
         try:

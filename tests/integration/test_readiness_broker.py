@@ -15,15 +15,10 @@ from pathlib import Path
 import pytest
 
 from stam.config import Settings
+from stam.net import free_port
 from workers.ops import Readiness
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -50,7 +45,7 @@ def _broker(port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def test_the_broker_check_keeps_its_connection_and_reconnects_after_an_outage(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     r = Readiness(Settings(broker_url=f"kafka://127.0.0.1:{port}", ready_timeout_s=2.0, ready_cache_s=0))
 
     async def check() -> dict[str, object]:

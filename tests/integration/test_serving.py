@@ -6,12 +6,12 @@ from __future__ import annotations
 import base64
 import json
 import re
-import socket
 import urllib.request
 from typing import Any
 
 import pytest
 
+from stam.net import free_port
 from tests.conftest import DATA
 
 pytestmark = [pytest.mark.integration, pytest.mark.model]  # make test runs it alone, after the others (Makefile)
@@ -36,9 +36,7 @@ def served() -> Any:
     from stam.serving.app import run
     from stam.serving.config import LlamaCppEngine, ServingConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     run(ServingConfig(engine=LlamaCppEngine(model_id="qwen2.5-coder-0.5b-instruct-q4_k_m", n_ctx=4096),
                       port=port), blocking=False, num_cpus=2)
     yield f"http://127.0.0.1:{port}/v1"
@@ -105,12 +103,12 @@ def test_a_real_note_is_decomposed_through_the_write_path(served: str, stack_set
 
     from stam.publish import publish_paths
     from tests.integration.broker import collect_outputs
-    from tests.integration.conftest import _free_port, _stam_process
+    from tests.integration.conftest import _stam_process
 
     if not NOTES.is_file():
         pytest.skip(f"shared data not found at {NOTES}")
     paths, note_text = _patient_files(tmp_path)
-    metrics_port = _free_port()
+    metrics_port = free_port()
     with _stam_process(stack_settings, "worker", "worker-llm.log", STAM_LLM_URL=served,
                        STAM_LLM_MODEL="qwen2.5-coder-0.5b-instruct-q4_k_m", STAM_LLM_CONCURRENCY="1",
                        STAM_METRICS_PORT=str(metrics_port)):

@@ -15,19 +15,17 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-import redis
-from aiokafka import AIOKafkaProducer
 from pydantic import SecretStr
 
 from schemas import RecordEntry, Store
 from stam.integrity import SIGNATURE_HEADER, SOURCE_HEADER, signature
 from stam.publish import Publisher, PublishSummary
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import kafka_producer, redis_client
 from tests.conftest import BUNDLES, need_data
 from tests.integration.broker import _dead_letters, collect_outputs
 from tests.integration.conftest import _stam_process
 from topology import topics as t
-from topology.admin import bootstrap
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +47,7 @@ async def _send(settings: Any, entries: list[RecordEntry], source: str | None) -
 
 
 async def _send_raw(settings: Any, entry: RecordEntry, headers: list[tuple[str, bytes]]) -> None:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap(settings))
+    producer = kafka_producer(settings)
     await producer.start()
     try:
         await producer.send_and_wait(t.ENTRIES.name(settings.topic_prefix), key=entry.patient_id.encode(),
@@ -72,7 +70,7 @@ def test_only_the_facts_own_source_can_retract_it(stack_settings: Any, signed_wo
     arrest = next(e for e in entries if any("cardiac arrest" in (c.display or "") for c in e.codes))
     assert arrest.status == "active"
     pid = arrest.patient_id
-    states = RedisStateStore(redis.Redis.from_url(stack_settings.redis_url), prefix=stack_settings.collection_prefix)
+    states = RedisStateStore(redis_client(stack_settings), prefix=stack_settings.collection_prefix)
 
     asyncio.run(_send(stack_settings, entries, "ehr-a"))
     transitions, _ = asyncio.run(collect_outputs(stack_settings, {e.entry_id for e in entries}, timeout=240))

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from stam.publish import publish_paths
+from stam.transport import kafka_consumer
 from tests.conftest import DATA
 from tests.integration.broker import _dead_letters, collect_outputs, opened
 
@@ -172,13 +173,10 @@ async def _collect_until_refs(settings: Any, refs: set[str], timeout: float) -> 
     """Transitions until an 'added' event was seen for every source_ref in ``refs``."""
     import time
 
-    from aiokafka import AIOKafkaConsumer
-
     from topology import topics as t
-    from topology.admin import bootstrap
 
-    consumer = AIOKafkaConsumer(t.TRANSITIONS.name(settings.topic_prefix), bootstrap_servers=bootstrap(settings),
-                                auto_offset_reset="earliest", group_id=None)
+    consumer = kafka_consumer(settings, t.TRANSITIONS.name(settings.topic_prefix), auto_offset_reset="earliest",
+                              group_id=None)
     await consumer.start()
     out: list[dict] = []
     seen: set[str] = set()

@@ -24,9 +24,9 @@ def test_a_port_taken_while_the_stack_starts_is_replaced_by_a_fresh_one(victim: 
     thief = socket.socket()
     thief.bind(("127.0.0.1", 0))  # bound, not listening: whoever binds this port next fails as in the race
     taken = thief.getsockname()[1]
-    real = stack._free_port
+    real = stack.free_port
     counter = itertools.count()
-    monkeypatch.setattr(stack, "_free_port", lambda: taken if next(counter) == PICK[victim] else real())
+    monkeypatch.setattr(stack, "free_port", lambda: taken if next(counter) == PICK[victim] else real())
     home = tmp_path / "stack"
     try:
         info = stack.up(home)

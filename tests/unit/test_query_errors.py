@@ -17,16 +17,12 @@ from prometheus_client import REGISTRY
 from pymilvus.exceptions import MilvusException
 
 from schemas.query import QueryAnswer, QueryRequest
+from stam.net import free_port
 from stam.read.service import QueryError, QueryService, UnsupportedQuery, classify, failed_answer
+from stam.transport import milvus_client
 from workers.query import http_status, observe
 
 PATIENT = "patient-secret-17"
-
-
-def _dead_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _raised(call: Any) -> BaseException:
@@ -45,7 +41,7 @@ def test_query_errors_are_not_found_or_invalid() -> None:
 
 @pytest.mark.slow  # starts and stops a Redis server
 def test_redis_down_is_unavailable_but_a_refused_login_is_not() -> None:
-    client = redis.Redis(host="127.0.0.1", port=_dead_port(), socket_connect_timeout=2)
+    client = redis.Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=2)
     exc = _raised(lambda: client.get("k"))
     kind, message = classify(exc)
     assert kind == "unavailable" and message.startswith("Redis unavailable: ") and "Connection refused" in message
@@ -55,10 +51,8 @@ def test_redis_down_is_unavailable_but_a_refused_login_is_not() -> None:
 
 
 def test_milvus_down_is_unavailable_other_milvus_errors_are_not() -> None:
-    from pymilvus import MilvusClient
-
     logging.getLogger("pymilvus").setLevel(logging.CRITICAL)
-    exc = _raised(lambda: MilvusClient(uri=f"http://127.0.0.1:{_dead_port()}"))
+    exc = _raised(lambda: milvus_client(f"http://127.0.0.1:{free_port()}"))
     kind, message = classify(exc)
     assert isinstance(exc, MilvusException) and kind == "unavailable"
     assert message.startswith("Milvus unavailable: Fail connecting to server") and "MilvusException" not in message
@@ -70,10 +64,10 @@ def test_milvus_down_is_unavailable_other_milvus_errors_are_not() -> None:
 
 
 def test_grpc_unavailable_and_wrapped_connection_errors_are_unavailable() -> None:
-    with grpc.insecure_channel(f"127.0.0.1:{_dead_port()}") as channel:
+    with grpc.insecure_channel(f"127.0.0.1:{free_port()}") as channel:
         exc = _raised(lambda: channel.unary_unary("/milvus.proto.milvus.MilvusService/Search")(b"", timeout=5))
     assert isinstance(exc, grpc.RpcError) and classify(exc)[0] == "unavailable"
-    refused = _raised(lambda: socket.create_connection(("127.0.0.1", _dead_port()), timeout=2))
+    refused = _raised(lambda: socket.create_connection(("127.0.0.1", free_port()), timeout=2))
     assert classify(refused) == ("unavailable", f"Store unavailable: {refused}")
     try:  # pymilvus wraps what it did not expect; the cause says it was an outage
         raise MilvusException(message="Unexpected error") from refused

