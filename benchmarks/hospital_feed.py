@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.write_path import CpuMeter, free_port, hist_quantile, vmhwm_mb
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from stam.eval.provenance import stamp
 from stam.serving.check import free_port
-from stam.training.teacher import HISTORY_TYPES
+from stam_lab.eval.provenance import stamp
+from stam_lab.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"

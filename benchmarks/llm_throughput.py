@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
 from stam.serving.check import free_port, stop, wait_up
+from stam_lab.eval.provenance import stamp
 from tests.conftest import DATA
 
 NOTES = DATA / "synthea-bulk-10p" / "DocumentReference.000.ndjson"

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"

@@ -29,7 +29,7 @@ from typing import Any
 
 from stam.errors import TrainingError
 from stam.reasoning.traces import MODULE_OF, Trace, read_traces
-from stam.training.adapters import META, TARGET_MODULES
+from stam.serving.adapters import META, TARGET_MODULES
 
 IGNORE = -100
 MODULES = sorted(set(MODULE_OF.values()))

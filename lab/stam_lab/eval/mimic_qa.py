@@ -104,10 +104,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from stam.errors import SourceError
-from stam.eval.mimic_orders import NEAR, Orders, RowsIn, drug_key
-from stam.eval.mimic_orders import build as build_orders
-from stam.eval.mimic_orders import ended_by as ended_by_poe
 from stam.sources.mimic import PHARMACY_STATUS, SAME_ACT, SOURCE, dosage_text, is_mimic_root
+from stam_lab.eval.mimic_orders import NEAR, Orders, RowsIn, drug_key
+from stam_lab.eval.mimic_orders import build as build_orders
+from stam_lab.eval.mimic_orders import ended_by as ended_by_poe
 
 __all__ = ["PER_PATIENT", "QTYPES", "SPLITS", "Question", "balanced_sample", "build_questions", "read_jsonl", "split_of",
            "write_jsonl"]

@@ -1,6 +1,6 @@
 """Evidence-level QA evaluation on MIMIC-QA: what each system would put in front of a reader.
 
-For each question (``stam.eval.mimic_qa``), each system builds its context for the patient at the question's
+For each question (``stam_lab.eval.mimic_qa``), each system builds its context for the patient at the question's
 clinical time (``as_of``, as a user would ask it), counted with the same tokenizer; reported per system:
 gold-evidence recall (share of the question's supporting rows in the context), questions with all their
 evidence served, served tokens (mean, median), by question type, and paired comparisons against STAM (exact
@@ -47,13 +47,13 @@ import numpy as np
 
 from schemas import AtomicMemory, RecordEntry, Store, StoredMemory
 from schemas.query import GateMode, QueryRequest
-from stam.eval.mimic_qa import Question
-from stam.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
-from stam.eval.qa import exact_match, token_f1
-from stam.eval.state import Replayed, replay_mimic
 from stam.llm.prompt import ids as prompt_ids
 from stam.llm.prompt import prompt
 from stam.read.reader import SYSTEM
+from stam_lab.eval.mimic_qa import Question
+from stam_lab.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
+from stam_lab.eval.qa import exact_match, token_f1
+from stam_lab.eval.state import Replayed, replay_mimic
 
 SYSTEMS = ("stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context")
 ABLATIONS = ("stam-no-facts", "stam-neutral")
