@@ -276,6 +276,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "baselines and a reader, plots",
                        description="Instruments of the paper's evaluation (sections 4-6, appendices A-F).")
     ev = p.add_subparsers(dest="eval_command", required=True)
+    _register_state(ev)
+    _register_lifecycle(ev)
+    _register_qa(ev)
+    _register_gate(ev)
+    _register_questions(ev)
+
+
+def _register_state(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval state``: write-time state diagnostics against gold read from the data."""
     q = ev.add_parser("state", help="replay MIMIC-IV patients or Synthea bundles and diagnose the state against "
                       "gold read from the data",
                       description="Gold from the data, never from STAM: MIMIC-IV POE Change and D/C links, pharmacy "
@@ -293,6 +302,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(fn=cmd_eval_state)
+
+
+def _register_lifecycle(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval lifecycle``: ACTIVE orders and medications against the rows at sampled times."""
     q = ev.add_parser("lifecycle", help="does ACTIVE mean true now: ACTIVE orders and medications against what the "
                       "raw tables say is active at sampled clinical times",
                       description="Every table of the chosen MIMIC-IV patients (or the Synthea bundles) through the "
@@ -310,6 +323,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(fn=cmd_eval_lifecycle)
+
+
+def _register_qa(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval qa``: MIMIC-QA, STAM against the baselines, with a reader's F1/EM."""
     q = ev.add_parser("qa", help="MIMIC-QA: STAM versus append-only, flat RAG, full context (evidence, tokens, "
                       "and a reader's F1/EM)",
                       description="Replays the split's patients (every MIMIC-IV table unless --tables) under "
@@ -357,6 +374,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(fn=cmd_eval_qa)
+
+
+def _register_gate(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval gate``: the store gate calibrated with a reader."""
     q = ev.add_parser("gate", help="calibrate the store gate with a reader on MIMIC-QA and Synthea",
                       description="For the questions whose wording does not ask for the past (the only ones the "
                       "threshold decides), the reader answers from the ACTIVE-only packet and from the packet with "
@@ -385,6 +406,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--rows", action="store_true", help="keep every question's answers in the report")
     q.add_argument("--out", help="also write the JSON report here")
     q.set_defaults(fn=cmd_eval_gate)
+
+
+def _register_questions(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval questions``: the MIMIC-QA question set as JSONL."""
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
     q.add_argument("--subjects", help="comma-separated subject_ids (default: all)")
