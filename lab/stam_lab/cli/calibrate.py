@@ -9,59 +9,27 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stam.cli.common import add_replay_options, check_sources, emit_report, table
 from stam.cli.deletion import GUARANTEE
 
+if TYPE_CHECKING:
+    from schemas import AtomicMemory
+    from stam.deletion.judge import Label
+
+    Types = dict[str, list[AtomicMemory]]
+
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
-    import tempfile
-
-    from stam.deletion.calibrate import STRICT
-    from stam.deletion.judge import agreement, append_label, read_labels, write_labels
-    from stam.deletion.run import calibration_run, candidate_types, label_types
+    from stam.deletion.judge import agreement
     from stam.embedding import Embedder
-    from stam.llm.client import LLMClient
 
     subjects = args.subjects.split(",") if args.subjects else None
     embedder = Embedder()
-    with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
-        print(f"replaying {args.source} ...", file=sys.stderr)
-        if args.source == "mimic":
-            from stam_lab.eval.state import replay_mimic
-
-            run = replay_mimic(Path(args.mimic), subjects=subjects, tables=args.tables.split(","), variant="stam",
-                               workdir=Path(args.replay_dir or work), embedder=embedder, keep=bool(args.replay_dir))
-        else:
-            from stam_lab.eval.synthea import replay_synthea
-
-            run, _ = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(args.replay_dir or work),
-                                    patients=subjects, embedder=embedder, keep=bool(args.replay_dir))
-        try:
-            types, kept = candidate_types(run.deps.states.load(p) for p in sorted(run.entries))
-        finally:
-            run.close()
-    judge = LLMClient(args.judge_url, args.judge_model or "default", timeout_s=120) if args.judge_url else None
-    path = Path(args.labels) if args.labels else None
-    known = read_labels(path) if path is not None and path.exists() and not args.relabel else []
-    if known:
-        print(f"{len(known)} labels read from {path}", file=sys.stderr)
-    if path is not None and (args.relabel or not path.exists()):
-        path.write_text("")
-    from tqdm import tqdm
-
-    todo = sum(1 for t in types if t not in {x.concept_type for x in known}) if judge else 0
-    if args.judge_limit:
-        todo = min(todo, args.judge_limit)
-    with tqdm(total=todo, desc=f"labelling ({judge.model if judge else 'codes only'})", unit=" types",
-              file=sys.stderr, disable=not todo) as bar:
-        labels, codes = label_types(types, judge=judge, known=known, limit=args.judge_limit, seed=getattr(args, "seed", 0),
-                                    progress=lambda n, _total: bar.update(n - bar.n),
-                                    on_label=(lambda x: append_label(path, x)) if path is not None else None)
-    if path is not None and judge is None and not known:
-        write_labels(path, labels)
+    types, kept = _candidates(args, subjects, embedder)
+    labels, codes = _labels(args, types)
     report: dict[str, Any] = {"source": args.source, "subjects": subjects, "kept_by_rule": kept,
                               "labels": "+".join(sorted({x.source for x in labels})) or "none",
                               "codes_vs_labels": agreement(codes, labels)}
@@ -79,6 +47,79 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"stam deletion calibrate: the labels hold {have} candidate types; the head needs both safe and "
               f"protected ones (label more types: --judge-url, or add labels to --labels)", file=sys.stderr)
         return 2
+    _calibrate(args, types, labels, embedder, report)
+    rows = [{"where": f"{where} ({c})", **{k: v for k, v in d.items() if k != "memories"}}
+            for where in ("calibration_split", "held_out", "store") for c, d in report[where].items()]
+    print(table(rows, [("where", "where (criterion)"), ("tau", "tau"), ("deleted", "deleted"),
+                       ("removed_share", "removed"), ("safe_recall", "safe recall"),
+                       ("safe_precision", "safe precision"), ("never_forget_loss", "NF loss"),
+                       ("uncertain_loss", "uncertain loss")]), file=sys.stderr)
+    print(f"resplit check: {json.dumps(report['resplit'])}", file=sys.stderr)
+    return emit_report(report, args.out)
+
+
+def _candidates(args: argparse.Namespace, subjects: list[str] | None,
+                embedder: Any) -> tuple[Types, dict[str, int]]:
+    """The replay of --source on private stores (kept in --replay-dir when given) and the gate's candidate concept
+    types in it, with what the keep rules held back."""
+    import tempfile
+
+    from stam.deletion.run import candidate_types
+
+    with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
+        print(f"replaying {args.source} ...", file=sys.stderr)
+        if args.source == "mimic":
+            from stam_lab.eval.state import replay_mimic
+
+            run = replay_mimic(Path(args.mimic), subjects=subjects, tables=args.tables.split(","), variant="stam",
+                               workdir=Path(args.replay_dir or work), embedder=embedder, keep=bool(args.replay_dir))
+        else:
+            from stam_lab.eval.synthea import replay_synthea
+
+            run, _ = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(args.replay_dir or work),
+                                    patients=subjects, embedder=embedder, keep=bool(args.replay_dir))
+        try:
+            return candidate_types(run.deps.states.load(p) for p in sorted(run.entries))
+        finally:
+            run.close()
+
+
+def _labels(args: argparse.Namespace, types: Types) -> tuple[list[Label], list[Label]]:
+    """The candidate types' endurance labels (--labels read, the judge at --judge-url for the rest, else codes) and
+    what codes say, for the agreement; --labels written as they come."""
+    from tqdm import tqdm
+
+    from stam.deletion.judge import append_label, read_labels, write_labels
+    from stam.deletion.run import label_types
+    from stam.llm.client import LLMClient
+
+    judge = LLMClient(args.judge_url, args.judge_model or "default", timeout_s=120) if args.judge_url else None
+    path = Path(args.labels) if args.labels else None
+    known = read_labels(path) if path is not None and path.exists() and not args.relabel else []
+    if known:
+        print(f"{len(known)} labels read from {path}", file=sys.stderr)
+    if path is not None and (args.relabel or not path.exists()):
+        path.write_text("")
+    todo = sum(1 for t in types if t not in {x.concept_type for x in known}) if judge else 0
+    if args.judge_limit:
+        todo = min(todo, args.judge_limit)
+    with tqdm(total=todo, desc=f"labelling ({judge.model if judge else 'codes only'})", unit=" types",
+              file=sys.stderr, disable=not todo) as bar:
+        labels, codes = label_types(types, judge=judge, known=known, limit=args.judge_limit, seed=getattr(args, "seed", 0),
+                                    progress=lambda n, _total: bar.update(n - bar.n),
+                                    on_label=(lambda x: append_label(path, x)) if path is not None else None)
+    if path is not None and judge is None and not known:
+        write_labels(path, labels)
+    return labels, codes
+
+
+def _calibrate(args: argparse.Namespace, types: Types, labels: list[Label], embedder: Any,
+               report: dict[str, Any]) -> None:
+    """The head trained and tau chosen at the first --alpha (the others: diagnostics), into ``report``; the gates
+    written to --gate-out."""
+    from stam.deletion.calibrate import STRICT
+    from stam.deletion.run import calibration_run
+
     alpha, *others = args.alpha
     embedded: dict[tuple[str, ...], Any] = {}
 
@@ -110,14 +151,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             tau = gate.spec.as_dict()["tau"]
             print(f"gate written to {folder} (alpha {a}, {gate.spec.calibration_id}, tau "
                   f"{tau}{': deletes nothing' if tau is None else ''})", file=sys.stderr)
-    rows = [{"where": f"{where} ({c})", **{k: v for k, v in d.items() if k != "memories"}}
-            for where in ("calibration_split", "held_out", "store") for c, d in report[where].items()]
-    print(table(rows, [("where", "where (criterion)"), ("tau", "tau"), ("deleted", "deleted"),
-                       ("removed_share", "removed"), ("safe_recall", "safe recall"),
-                       ("safe_precision", "safe precision"), ("never_forget_loss", "NF loss"),
-                       ("uncertain_loss", "uncertain loss")]), file=sys.stderr)
-    print(f"resplit check: {json.dumps(report['resplit'])}", file=sys.stderr)
-    return emit_report(report, args.out)
 
 
 def _label_options(q: argparse.ArgumentParser) -> None:
