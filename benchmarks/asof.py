@@ -39,12 +39,12 @@ from schemas import Store, StoredMemory
 from schemas.query import QueryRequest
 from stam.compose import local_query_service
 from stam.embedding import Embedder
-from stam.eval.provenance import stamp
-from stam.eval.state import replay_mimic
 from stam.read.asof import state_at_time
 from stam.sources.mimic import TABLES
 from stam.stores import rows
 from stam.stores.redis_cache import RedisVectorCache
+from stam_lab.eval.provenance import stamp
+from stam_lab.eval.state import replay_mimic
 
 MIMIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mimic-iv-demo-2.2"
 

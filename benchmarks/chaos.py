@@ -37,7 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.transport import kafka_consumer, kafka_producer, redis_client
 
 REPO = Path(__file__).resolve().parents[1]

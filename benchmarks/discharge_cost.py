@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 
 class _Counting:

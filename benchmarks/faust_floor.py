@@ -27,7 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.write_path import CpuMeter
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]

@@ -331,7 +331,7 @@ def main() -> None:
     args = p.parse_args()
     if args.demo:
         raise SystemExit(demo())
-    from stam.eval.provenance import stamp
+    from stam_lab.eval.provenance import stamp
 
     report = stamp(bench(args))
     args.out.write_text(json.dumps(report, indent=1) + "\n")

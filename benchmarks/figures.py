@@ -7,7 +7,7 @@ A page marks a generated figure::
     <!-- /figure -->
 
 and ``docs/results/NAME.json`` is the JSON report of the run it shows, as the benchmark or ``stam eval`` printed
-it: with its ``provenance`` (command, commit, machine, time; ``stam/eval/provenance.py``). Each figure is rendered
+it: with its ``provenance`` (command, commit, machine, time; ``lab/stam_lab/eval/provenance.py``). Each figure is rendered
 from its file by the renderer of the report's kind (``RENDERERS``: a benchmark's ``"benchmark"`` name, or
 ``eval:<name>``) and followed by a line naming the file, the command, the commit and the machine.
 
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import missing
+from stam_lab.eval.provenance import missing
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"

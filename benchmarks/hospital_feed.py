@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.write_path import CpuMeter, hist_quantile, vmhwm_mb
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.transport import kafka_consumer
 

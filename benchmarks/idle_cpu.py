@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.write_path import DATA, REPO, CpuMeter
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 
 WARM_PATIENT = "idle-warmup"

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.llm_notes import match
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from tests.conftest import DATA
 
@@ -73,7 +73,7 @@ def call_key(messages: list[dict[str, str]]) -> str:
 
 def held_out_notes(traces: Path, notes: int, per_patient: int, seed: int) -> tuple[dict[str, list[str]], set[str]]:
     """Patient -> NDJSON lines of held-out notes, and the patients the traces were written from."""
-    from stam.training.teacher import choose_notes
+    from stam_lab.training.teacher import choose_notes
 
     manifest = json.loads((traces / "manifest.json").read_text())
     seen = {p for s in manifest["splits"].values() for p in s["patients"]}

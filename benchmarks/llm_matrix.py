@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 STUDENT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 TEACHER = "qwen2.5-coder-1.5b-instruct-q4_k_m"

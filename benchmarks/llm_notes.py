@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
-from stam.training.teacher import HISTORY_TYPES
+from stam_lab.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"

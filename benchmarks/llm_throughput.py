@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.serving.check import stop, wait_up
 from tests.conftest import DATA

@@ -1,6 +1,6 @@
 """`stam train lora`'s training on whatever accelerator torch sees (a lent GPU), and the adapter's effect.
 
-Trains the extract and the update adapter with ``stam.training.lora.train`` (the function behind
+Trains the extract and the update adapter with ``stam_lab.training.lora.train`` (the function behind
 ``stam train lora``; the recipe's defaults except ``--max-steps``), then loads the update adapter over its base
 and checks that greedy output changes. Prints one JSON line (and writes it to ``--out``/lora-device.json): the
 device, dtype, steps, seconds per step, peak GPU memory and losses per module, ``adapter_changed_output``.
@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from stam.eval.provenance import stamp
 from stam.reasoning.traces import read_traces
-from stam.training.lora import Recipe, train
+from stam_lab.eval.provenance import stamp
+from stam_lab.training.lora import Recipe, train
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
 

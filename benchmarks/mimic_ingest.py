@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from benchmarks.write_path import CpuMeter, scrape_metrics, stack_with_worker, vmhwm_mb
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))

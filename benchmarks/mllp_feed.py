@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.write_path import DATA, REPO
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 
 SAMPLES = DATA / "hl7v2-samples"

@@ -52,7 +52,6 @@ from benchmarks.synthetic import Chain, Concept, build_patient, plan_patient, qu
 from schemas.query import GateMode, QueryRequest
 from stam import stack
 from stam.embedding import Embedder
-from stam.eval.provenance import stamp
 from stam.read.gate import DEFAULT_THRESHOLD, StoreGate
 from stam.read.service import QueryService, TimelineCache
 from stam.read.tokens import Tokenizer, load_tokenizer
@@ -60,6 +59,7 @@ from stam.stores.base import Commit
 from stam.stores.milvus import MilvusVectorStore
 from stam.stores.redis_cache import RedisVectorCache
 from stam.stores.redis_state import RedisStateStore
+from stam_lab.eval.provenance import stamp
 
 ARMS = (GateMode.AUTO, GateMode.ACTIVE, GateMode.BOTH)
 MARKER = "stam-bench:read_path:loaded"

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from schemas import AtomicMemory, Category, Store
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.rebuild import replay
 from stam.stores.base import Commit

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -49,9 +49,9 @@ def main() -> None:
 
     from schemas import ImpactedEntry
     from stam.compose import local_deps
-    from stam.eval.state import impact_channels, make_router
     from stam.sources.mimic import iter_mimic
     from stam.stages import extract_stage, update_batch
+    from stam_lab.eval.state import impact_channels, make_router
 
     t0 = time.monotonic()
     # One read of the folder: keep only the batches that can still be among the smallest or the largest.

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 
 REPO = Path(__file__).resolve().parents[1]

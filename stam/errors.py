@@ -155,6 +155,11 @@ class TrainingError(StamError, ValueError):
     """The inputs of a training run cannot be used (missing traces, none for the module, none short enough)."""
 
 
+class LabNotInstalled(StamError):
+    """A command of the lab part (stam-lab: evaluation, training, the deletion gate's calibration) was run where
+    only the product is installed (a deployment's image ships the product alone)."""
+
+
 # --- the read side -----------------------------------------------------------------------------------------------
 class QueryError(StamError):
     """A query that cannot be answered as asked (unknown patient, no transition log for as_of...)."""

@@ -46,7 +46,7 @@ from benchmarks.sizing.plans import Options, plan_scale
 from benchmarks.sizing.simulation import simulations
 from benchmarks.sizing.stores import StoreModel, measure_replay, per_year, store_model
 from benchmarks.sizing.units import DEMO_ENTRIES_TOTAL, YEAR_DAYS
-from stam.eval.provenance import stamp
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))

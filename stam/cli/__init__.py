@@ -12,7 +12,6 @@
   stam deadletters list|show|replay|dismiss   dead letters and the record gaps they leave in patients' records
   stam rebuild --patient ID     rebuild a patient's Redis and Milvus projections from the transitions topic
   stam erase --patient ID       erase a patient everywhere, verify, publish a receipt (--dry-run, --verify)
-  stam deletion calibrate       the deletion gate's labels, scorer and threshold on a replayed store (deletes nothing)
   stam deletion sweep           score archived memories with a calibrated gate; order deletions (--dry-run: list)
   stam query-worker             the query consumer (queries -> answers topics, HTTP POST /v1/query)
   stam token new --name N --role R  a query token with a scope (clinician, or service:<name> --patient ID...)
@@ -20,11 +19,14 @@
   stam gate build-set|calibrate the store gate's calibration
   stam serve [--engine llamacpp|vllm]  the language model behind an OpenAI-compatible endpoint (Ray Serve;
                                 --lora NAME=PATH serves LoRA adapters by name)
-  stam train traces|lora        teacher traces over notes (split by patient); a write module's LoRA adapter
   stam demo                     all of the above on one real Synthea patient
+  stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
+
+The lab part (stam-lab, lab/: not what a deployment installs; without it these say so):
+  stam train traces|lora        teacher traces over notes (split by patient); a write module's LoRA adapter
   stam eval state               write-time state diagnostics (MIMIC-IV or Synthea gold, ablation variants, plot)
   stam eval qa|questions        MIMIC-QA: STAM vs append-only, flat RAG, full context (evidence, reader F1/EM)
-  stam demo-notes [--model M]   two real notes decomposed by the local language model (Ray Serve + llama.cpp)
+  stam deletion calibrate       the deletion gate's labels, scorer and threshold on a replayed store (deletes nothing)
 
 Settings come from STAM_* environment variables; for any not set, the embedded stack's URLs
 (<home>/stack.json) are used; when a process of it is not running, commands fail naming it (never a silent
@@ -42,14 +44,13 @@ from stam.cli import (
     deletion,
     demo,
     erasure,
-    evaluate,
+    lab,
     listen,
     publish,
     query,
     serve,
     stack,
     state,
-    train,
     transitions,
     worker,
 )
@@ -60,9 +61,8 @@ from stam.config import Settings
 __all__ = ["GROUPS", "consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
-# `stam --help`).
-GROUPS = (stack, worker, publish, listen, query, serve, train, transitions, state, deadletters, erasure, deletion, demo,
-          evaluate)
+# `stam --help`), then the lab part's commands (stam/cli/lab.py: registered from the lab where it is installed).
+GROUPS = (stack, worker, publish, listen, query, serve, transitions, state, deadletters, erasure, deletion, demo)
 
 
 def version() -> str:
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)
+    lab.register("stam", sub)
     return parser
 
 
@@ -132,7 +133,7 @@ def _users_mistakes() -> tuple[type[Exception], ...]:
 
     return (errors.SourceError, errors.InputRefused, errors.SourceConfigError, errors.TokenConfigError,
             errors.KeyConfigError, errors.WeightsError, errors.ServeOptionError, errors.TrainingError,
-            errors.UnknownStage, errors.DeadLetterError)
+            errors.LabNotInstalled, errors.UnknownStage, errors.DeadLetterError)
 
 
 USERS_MISTAKES = _users_mistakes()

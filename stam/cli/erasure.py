@@ -103,7 +103,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
 def _training(args: argparse.Namespace) -> dict[str, list[str]]:
     """Adapters and trace sets under --training-dir that learnt from the patient (stam train records them)."""
-    from stam.training.lineage import trained_on
+    from stam.erase.lineage import trained_on
 
     return trained_on(args.patient, args.training_dir)
 

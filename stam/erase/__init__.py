@@ -13,6 +13,8 @@ on ``stam.audit.v1``. One module per place, each saying how the patient leaves i
 - :mod:`stam.erase.files`: **files under STAM_HOME** (JSON Lines lines removed, the id redacted in logs);
 - :mod:`stam.erase.topics`: **topics**, the patient's data key shredded (crypto-shredding), and the topic scan;
 - :mod:`stam.erase.verify`: the sample texts and the independent :func:`scan`;
+- :mod:`stam.erase.lineage`: the LoRA adapters and teacher trace sets that learnt from the patient (listed, not
+  removed: weights cannot forget one patient, they are retrained without them);
 - here: :func:`plan` (``--dry-run``) and :func:`erase`, the steps in order and the receipt.
 
 Running query workers: their timeline caches are keyed by the patient's state version, which erasure removes

@@ -2,7 +2,7 @@
 
 A prompt is defined once, in the module of its purpose (extraction and the link+update judgement in
 ``stam/reasoning/prompts.py``, the reader's answer in ``stam/read/reader.py``, the evaluation's short answer
-in ``stam/eval/qa_run.py``), and registered here with :func:`prompt`. Two parts:
+in ``lab/stam_lab/eval/qa_run.py``), and registered here with :func:`prompt`. Two parts:
 
 - ``template``: the words a person wrote. It changes only with ``version``: ``tests/unit/test_prompts.py`` pins
   the fingerprint of each version's template, so an edit without a new version fails there, and a new version

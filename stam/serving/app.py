@@ -6,7 +6,7 @@
 - llama.cpp engine (CPU): :class:`LlamaCppServer`, a Serve deployment holding ``llama_cpp.Llama`` on the
   GGUF file; ``response_format`` of type ``json_schema`` becomes a llama.cpp grammar for that schema
   (:func:`json_grammar`), so the output always parses against it. LoRA adapters (converted to GGUF,
-  :mod:`stam.training.gguf_lora`) are loaded once and applied per request by name (``model``); switching
+  :mod:`stam.serving.gguf_lora`) are loaded once and applied per request by name (``model``); switching
   adapter drops the cached prompt prefix. Any other ``model`` is the base model.
 
 Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replace it by URL.
@@ -68,7 +68,7 @@ def _load_llama_adapter(llm: Any, source: str) -> Any:
     """A LoRA adapter loaded on the llama.cpp model (a peft folder is converted to GGUF once)."""
     import llama_cpp
 
-    from stam.training.gguf_lora import to_gguf
+    from stam.serving.gguf_lora import to_gguf
 
     path = source if source.endswith(".gguf") else str(to_gguf(Path(source)))
     adapter = llama_cpp.llama_adapter_lora_init(llm.model, path.encode())

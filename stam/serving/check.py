@@ -7,7 +7,7 @@ prints ONE JSON line: ``ok``, ``engine``, ``device``, ``model``, ``adapter`` (it
 trained), ``adapter_changed_output``, ``tokens_per_s`` (completion tokens per second of engine time, base
 request), ``load_s``, and per request its tokens and seconds. Exit status 0 only when ``ok``.
 
-Without ``--adapter`` an untrained adapter (random LoRA matrices, seeded; see ``stam.training.adapters``) is made
+Without ``--adapter`` an untrained adapter (random LoRA matrices, seeded; see ``stam.serving.adapters``) is made
 once in the model cache: it shows the serving path loads and applies an adapter, not that one helps.
 
 Usage: python -m stam.serving.check [--adapter PATH] [--timeout 900] [--compiled]
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     from stam.llm.convert import ensure_hf
     from stam.llm.weights import cache_dir
     from stam.reasoning import prompts
+    from stam.serving.adapters import read_meta, untrained_adapter
     from stam.serving.options import installed_vllm_device
-    from stam.training.adapters import read_meta, untrained_adapter
 
     result: dict[str, Any] = {"ok": False, "engine": "vllm", "model": MODEL}
     base = ensure_hf(MODEL)

@@ -24,9 +24,9 @@ def run(tmp_path_factory: Any, embedder: Any) -> tuple[dict[str, Any], list[Any]
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
     pytest.importorskip("llama_cpp", reason="the llm extra is not installed (make setup installs it)")
     from stam.errors import WeightsError
-    from stam.eval.mimic_qa import build_questions
-    from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
     from stam.read.reader import LocalReader
+    from stam_lab.eval.mimic_qa import build_questions
+    from stam_lab.eval.qa_run import READER_SYSTEM, evaluate_qa
 
     try:
         reader = LocalReader("qwen2.5-coder-0.5b-instruct-q4_k_m", n_ctx=4096, system=READER_SYSTEM)
@@ -53,7 +53,7 @@ def _delete_every_candidate(encoder: str, dim: int) -> Any:
 
 
 def test_every_system_is_answered_by_the_same_reader_and_scored(run: tuple[dict[str, Any], list[Any], Any]) -> None:
-    from stam.eval.qa import exact_match, token_f1
+    from stam_lab.eval.qa import exact_match, token_f1
 
     report, questions, reader = run
     assert report["reader"] == "qwen2.5-coder-0.5b-instruct-q4_k_m"

@@ -20,7 +20,7 @@ PATIENT = "10019917"
 def reports(tmp_path_factory: Any, embedder: Any) -> dict[str, Any]:
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
-    from stam.eval.state import evaluate_mimic
+    from stam_lab.eval.state import evaluate_mimic
 
     work = tmp_path_factory.mktemp("eval")
     return {v: evaluate_mimic(MIMIC, subjects=[PATIENT], variant=v, workdir=Path(work), embedder=embedder)
@@ -65,7 +65,7 @@ SYNTHEA_PATIENT = "12981771-2029-4458-9260-efb1e6b43db7"
 def synthea(tmp_path_factory: Any, embedder: Any) -> dict[str, Any]:
     if not SYNTHEA.is_dir():
         pytest.skip(f"Synthea bundles not found at {SYNTHEA} (set STAM_SHARED_DATA)")
-    from stam.eval.synthea import evaluate_synthea
+    from stam_lab.eval.synthea import evaluate_synthea
 
     work = tmp_path_factory.mktemp("eval-synthea")
     return {v: evaluate_synthea(SYNTHEA, patients=[SYNTHEA_PATIENT], variant=v, workdir=Path(work) / v,
@@ -93,7 +93,7 @@ def test_point_in_time_holds_a_condition_inside_its_onset_abatement_interval(syn
 
 def test_timeline_and_plot_come_from_the_transition_log(synthea: dict[str, Any], tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="plots need the eval extra (make setup installs it)")
-    from stam.eval.plots import plot_timeline
+    from stam_lab.eval.plots import plot_timeline
 
     tl = synthea["stam"]["timeline"]
     assert tl["patient"] == SYNTHEA_PATIENT

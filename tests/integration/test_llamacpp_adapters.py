@@ -25,7 +25,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pytest.importorskip("peft", reason="the train extra is not installed (make vllm-setup installs it)")
     from stam.errors import WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.lora import Recipe, train
+    from stam_lab.training.lora import Recipe, train
 
     try:
         base = ensure_hf(MODEL)

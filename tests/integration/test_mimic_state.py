@@ -127,7 +127,7 @@ def test_point_in_time_sees_the_orders_current_during_the_stay_and_over_after_it
 
 
 def test_stam_eval_lifecycle_gold_from_the_rows_and_this_patients_active_orders(state: Any) -> None:
-    from stam.eval.lifecycle import evaluate, mimic_gold
+    from stam_lab.eval.lifecycle import evaluate, mimic_gold
 
     gold = mimic_gold(MIMIC, [PATIENT])
     # Read by hand: the last diet order ran from its order time to the discharge; the ferric gluconate order ended

@@ -4,7 +4,7 @@ MIMIC-IV demo subject 10018501 (a training-split patient, 435 entries from every
 write-path stages on real stores. Its MIMIC-QA questions (every template: latest, previous, first, lowest,
 highest, value at a time, count, change since the first, the active order started most recently, the order
 discontinued or changed most recently, whether a drug was an active order, what an order was changed into) are
-computed from the CSV rows alone (``stam.eval.mimic_qa``), never from STAM. Each is asked at its clinical time
+computed from the CSV rows alone (``stam_lab.eval.mimic_qa``), never from STAM. Each is asked at its clinical time
 through ``as_of``, as a user would: the packet must carry every supporting row, and where the question names a
 concept the computed fact must state the rows' answer.
 """
@@ -21,9 +21,9 @@ import pytest
 from schemas import Store
 from schemas.query import QueryRequest
 from stam.compose import local_query_service
-from stam.eval.mimic_qa import build_questions
-from stam.eval.qa import normalize_answer
 from stam.sources.mimic import TABLES
+from stam_lab.eval.mimic_qa import build_questions
+from stam_lab.eval.qa import normalize_answer
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.integration
@@ -36,7 +36,7 @@ VALUE_TYPES = {"first_value", "last_value", "previous_value", "min_value", "max_
 def replayed(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Iterator[Any]:
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC}")
-    from stam.eval.state import replay_mimic
+    from stam_lab.eval.state import replay_mimic
 
     run = replay_mimic(MIMIC, subjects=[PATIENT], tables=TABLES, variant="stam",
                        workdir=Path(tmp_path_factory.mktemp("mimic")), embedder=embedder)

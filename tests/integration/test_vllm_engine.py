@@ -33,7 +33,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
     pytest.importorskip("peft", reason="the train extra is not installed (make vllm-setup installs it)")
     from stam.errors import WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.adapters import untrained_adapter
+    from stam.serving.adapters import untrained_adapter
 
     try:
         base = ensure_hf(MODEL)
@@ -41,7 +41,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Any:
         pytest.skip(str(exc))
     adapter = untrained_adapter(base, tmp_path_factory.mktemp("adapter") / "extract", seed=7)
     # A tiny training run (two optimiser steps, a high learning rate so that two steps move the greedy output).
-    from stam.training.lora import Recipe, train
+    from stam_lab.training.lora import Recipe, train
 
     report = train("extract", TRACES, base, tmp_path_factory.mktemp("adapter") / "tiny",
                    Recipe(batch_size=1, epochs=1, max_steps=2, learning_rate=1e-3), progress=False)
@@ -114,7 +114,7 @@ def test_the_reasoner_gets_validated_facts_from_vllm_and_the_adapter_changes_the
 
 
 def test_a_trained_adapter_records_its_patients_and_recipe(served: tuple[str, Any]) -> None:
-    from stam.training.adapters import read_meta
+    from stam.serving.adapters import read_meta
 
     _, report = served
     meta = read_meta(Path(report["adapter"]))

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import stam.cli
+import stam.cli.lab
 from stam.cli import GROUPS, build_parser, main, version
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +65,24 @@ def test_every_command_of_the_overview_is_registered_by_one_group() -> None:
         for name in probe.choices:
             assert name not in owners, (name, owners.get(name), group.__name__)
             owners[name] = group.__name__
+    probe = argparse.ArgumentParser().add_subparsers()
+    stam.cli.lab.register("stam", probe)  # then the lab part's commands (or their stand-ins where it is not installed)
+    owners.update((name, "lab") for name in probe.choices)
     assert list(owners) == list(sub.choices)  # the groups, in order, give `stam --help`'s order
+
+
+def test_the_lab_s_commands_without_the_lab_say_so_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Where only the product is installed (no stam-lab entry points), `stam eval`, `stam train` and `stam deletion
+    calibrate|label` are listed still, and running one says in one line that the lab part is not installed (exit 2)."""
+    monkeypatch.setattr(stam.cli.lab, "entry_points", lambda group: [])
+    for argv in (["eval", "qa", "--limit", "3"], ["train", "lora"], ["deletion", "calibrate"], ["deletion", "label"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"stam: {' '.join(argv[:2 if argv[0] == 'deletion' else 1])} is a command of the lab part "
+                       "(stam-lab), which is not installed here: " + stam.cli.lab.INSTALL], argv
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"eval", "train"} <= set(sub.choices)
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -96,7 +114,8 @@ def test_a_users_mistake_is_argparse_s_one_line_and_exit_2(capsys: pytest.Captur
 
 
 def test_python_dash_m_stam_cli() -> None:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    # the checkout first; what the path held stays (where the lab part is on it rather than installed)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p))
     res = subprocess.run([sys.executable, "-m", "stam.cli", "--version"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 0 and res.stdout == f"stam {metadata.version('stam')}\n", res.stderr
@@ -108,9 +127,9 @@ def test_python_dash_m_stam_cli() -> None:
 def test_eval_reports_the_usage_of_either_reader() -> None:
     """`stam eval qa --reader-url` reports the endpoint client's token accounting (a `Usage`), the in-process
     reader its dict; both as a dict in the report."""
-    from stam.eval.qa_run import usage_of
     from stam.llm.client import ChatResult
     from stam.read.reader import OpenAIReader
+    from stam_lab.eval.qa_run import usage_of
 
     reader = OpenAIReader("http://127.0.0.1:9/v1", "m")
     reader.client.usage.add(ChatResult(content="4", prompt_tokens=10, completion_tokens=2, seconds=0.5, attempts=1))

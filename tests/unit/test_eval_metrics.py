@@ -1,4 +1,4 @@
-"""QA metrics and paired significance tests (stam.eval), checked against values worked out by hand."""
+"""QA metrics and paired significance tests (stam_lab.eval), checked against values worked out by hand."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from stam.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
-from stam.eval.qa import QAScore, evidence_recall, exact_match, normalize_answer, summarize, token_f1
+from stam_lab.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
+from stam_lab.eval.qa import QAScore, evidence_recall, exact_match, normalize_answer, summarize, token_f1
 
 
 @pytest.mark.parametrize(("raw", "expected"), [

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import figures
-from stam.eval.provenance import missing, stamp
+from stam_lab.eval.provenance import missing, stamp
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

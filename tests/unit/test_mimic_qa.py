@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from stam.eval.mimic_qa import PER_PATIENT, QTYPES, Question, build_questions, read_jsonl, split_of, write_jsonl
 from stam.sources.mimic import SYS_DRUG, iter_mimic, load_mimic
+from stam_lab.eval.mimic_qa import PER_PATIENT, QTYPES, Question, build_questions, read_jsonl, split_of, write_jsonl
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.slow  # loads MIMIC-IV demo tables: skipped by `make test-fast`

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 
 import stam.deletion.judge
-import stam.eval.qa_run
 import stam.read.reader
 import stam.reasoning.prompts as prompts
+import stam_lab.eval.qa_run
 from schemas.vocabulary import Reason, RelationType
 from stam.llm.prompt import PROMPTS, Prompt, fingerprint, ids, prompt
 
@@ -31,7 +31,7 @@ def test_every_prompt_sent_is_registered_and_pinned() -> None:
     assert stam.reasoning.prompts.EXTRACT is PROMPTS["extract"]
     assert stam.read.reader.ANSWER is PROMPTS["answer"]
     assert stam.deletion.judge.ENDURANCE is PROMPTS["endurance"]
-    assert PROMPTS["answer-short"].text == stam.eval.qa_run.READER_SYSTEM
+    assert PROMPTS["answer-short"].text == stam_lab.eval.qa_run.READER_SYSTEM
 
 
 @pytest.mark.parametrize("purpose", sorted(PINNED))

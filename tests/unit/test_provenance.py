@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from stam.eval import provenance
-from stam.eval.provenance import command, git_commit, missing, stamp
+from stam_lab.eval import provenance
+from stam_lab.eval.provenance import command, git_commit, missing, stamp
 
 REPO = Path(__file__).resolve().parents[2]
 MIMIC = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data")) / "mimic-iv-demo-2.2"

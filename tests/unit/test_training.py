@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stam.reasoning.traces import Trace, TraceWriter, read_traces
-from stam.training.teacher import choose_notes, excluded_patients, is_validation, note_patient, split
+from stam_lab.training.teacher import choose_notes, excluded_patients, is_validation, note_patient, split
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"
@@ -72,7 +72,7 @@ def test_the_loss_mask_covers_the_prompt_and_nothing_else() -> None:
 
     from stam.errors import WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.lora import IGNORE, encode
+    from stam_lab.training.lora import IGNORE, encode
 
     try:
         base = ensure_hf("qwen2.5-coder-0.5b-instruct-q4_k_m")
@@ -102,8 +102,8 @@ def test_train_lora_refuses_missing_traces_in_one_line(tmp_path: Path, capsys: p
 
 
 def test_erasure_finds_the_adapters_and_trace_sets_that_learnt_from_a_patient(tmp_path: Path) -> None:
-    from stam.training.adapters import META
-    from stam.training.lineage import trained_on
+    from stam.erase.lineage import trained_on
+    from stam.serving.adapters import META
 
     a = tmp_path / "adapters" / "extract"
     a.mkdir(parents=True)
@@ -128,7 +128,7 @@ def test_erasure_finds_the_adapters_and_trace_sets_that_learnt_from_a_patient(tm
 @pytest.mark.skipif(not BULK.is_dir(), reason="shared data not present")
 def test_an_unfinished_teacher_run_is_never_overwritten_and_resumes_only_the_same_plan(tmp_path: Path) -> None:
     from stam.errors import TrainingError
-    from stam.training.teacher import collect
+    from stam_lab.training.teacher import collect
 
     exclude = excluded_patients(BULK, [GOLD])
     kw = {"url": "http://127.0.0.1:9/v1", "notes": 3, "per_patient": 3, "exclude": exclude, "progress": False}
@@ -141,7 +141,7 @@ def test_an_unfinished_teacher_run_is_never_overwritten_and_resumes_only_the_sam
 
 
 def test_a_training_sample_is_seeded_and_keeps_file_order() -> None:
-    from stam.training.lora import sample
+    from stam_lab.training.lora import sample
 
     items = [trace(f"p{i}") for i in range(20)]
     a, b = sample(items, 5, seed=1), sample(items, 5, seed=1)
@@ -154,7 +154,7 @@ def test_an_adapter_on_a_read_only_volume_is_converted_into_the_model_cache(tmp_
                                                                              pytest.MonkeyPatch) -> None:
     import os
 
-    from stam.training.gguf_lora import default_out
+    from stam.serving.gguf_lora import default_out
 
     adapter = tmp_path / "mounted" / "extract"
     adapter.mkdir(parents=True)
@@ -168,7 +168,7 @@ def test_an_adapter_on_a_read_only_volume_is_converted_into_the_model_cache(tmp_
 
 
 def test_replies_are_learnt_as_compact_json_of_the_same_value() -> None:
-    from stam.training.lora import compact
+    from stam_lab.training.lora import compact
 
     pretty = '{\n  "new_is": "current",\n  "links": [\n    {\n      "n": 1,\n      "type": "restatement"\n    }\n  ]\n}'
     assert compact(pretty) == '{"new_is":"current","links":[{"n":1,"type":"restatement"}]}'
@@ -200,7 +200,7 @@ def test_the_reply_only_loss_is_the_full_causal_lm_loss(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from stam.errors import TrainingError
-    from stam.training.lora import IGNORE, response_loss
+    from stam_lab.training.lora import IGNORE, response_loss
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(Qwen2Config(

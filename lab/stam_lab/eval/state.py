@@ -406,7 +406,7 @@ def save_replay(run: Replayed, workdir: Path, *, variant: str, tables: Sequence[
         for es in run.entries.values():
             fh.writelines(e.model_dump_json().encode() + b"\n" for e in es)
     run.deps.vectors.flush()
-    from stam.eval.provenance import provenance
+    from stam_lab.eval.provenance import provenance
 
     meta = {"variant": variant, "tables": list(tables), "subjects": list(subjects) if subjects is not None else None,
             "patients": sorted(run.entries), "entries": sum(len(v) for v in run.entries.values()),
@@ -497,7 +497,7 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
 
 def patient_timeline(events: dict[str, list[TransitionEvent]], patient: str | None) -> dict[str, Any] | None:
     """ACTIVE/HISTORY sizes over time for ``patient`` ("auto": the one with the most transitions)."""
-    from stam.eval.plots import timeline
+    from stam_lab.eval.plots import timeline
 
     if patient == "auto":
         patient = max(events, key=lambda p: len(events[p]), default=None)

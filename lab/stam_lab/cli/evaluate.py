@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from stam.cli.common import LazyBar, add_replay_options, check_sources, emit_report, table
-from stam.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
-from stam.eval.provenance import stamp
 from stam.sources.mimic import TABLES as MIMIC_TABLES
+from stam_lab.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
+from stam_lab.eval.provenance import stamp
 
 
 def cmd_eval_state(args: argparse.Namespace) -> int:
@@ -21,8 +21,8 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
     import tempfile
 
     from stam.embedding import Embedder
-    from stam.eval.state import VARIANTS, evaluate_mimic
-    from stam.eval.synthea import evaluate_synthea
+    from stam_lab.eval.state import VARIANTS, evaluate_mimic
+    from stam_lab.eval.synthea import evaluate_synthea
 
     variants = list(VARIANTS) if args.variant == "all" else args.variant.split(",")
     subjects = args.subjects.split(",") if args.subjects else None
@@ -59,7 +59,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
                         ("pairs", "gold pairs"), ("entries", "entries"), ("seconds", "s")]), file=sys.stderr)
     out = {**head, "reports": reports}
     if args.plot:
-        from stam.eval.plots import plot_timeline
+        from stam_lab.eval.plots import plot_timeline
 
         series = [(r["variant"], r["timeline"]["points"]) for r in reports if r.get("timeline")]
         if series:
@@ -72,9 +72,9 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
 def cmd_eval_qa(args: argparse.Namespace) -> int:
     import tempfile
 
-    from stam.eval.mimic_qa import balanced_sample, build_questions, read_jsonl
-    from stam.eval.qa_run import READER_SYSTEM, evaluate_qa
     from stam.read.reader import LocalReader, OpenAIReader
+    from stam_lab.eval.mimic_qa import balanced_sample, build_questions, read_jsonl
+    from stam_lab.eval.qa_run import READER_SYSTEM, evaluate_qa
 
     root = Path(args.mimic)
     source = read_jsonl(args.questions) if args.questions else build_questions(root, per_patient=args.per_patient,
@@ -134,7 +134,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
         print(f"context matching: {report['matching']}", file=sys.stderr)
     out = {"eval": "qa", "mimic": str(root), "split": args.split, **report}
     if args.plot:
-        from stam.eval.plots import plot_score_vs_tokens
+        from stam_lab.eval.plots import plot_score_vs_tokens
 
         score = "f1" if reader is not None else "evidence_recall"
         out["plot"] = str(plot_score_vs_tokens(report["systems"], Path(args.plot), score=score,
@@ -151,13 +151,13 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
 
     from stam.compose import local_query_service
     from stam.embedding import Embedder
-    from stam.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
-    from stam.eval.mimic_qa import build_questions
-    from stam.eval.qa_run import READER_SYSTEM
-    from stam.eval.state import replay_mimic
     from stam.read.gate import StoreGate, calibrate, write_gate_file
     from stam.read.reader import LocalReader, OpenAIReader
     from stam.read.tokens import load_tokenizer
+    from stam_lab.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
+    from stam_lab.eval.mimic_qa import build_questions
+    from stam_lab.eval.qa_run import READER_SYSTEM
+    from stam_lab.eval.state import replay_mimic
 
     reader: Any = (OpenAIReader(args.reader_url, args.reader_model, timeout_s=600.0, max_tokens=64,
                                 system=READER_SYSTEM) if args.reader_url
@@ -215,7 +215,7 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
 def cmd_eval_questions(args: argparse.Namespace) -> int:
     from collections import Counter
 
-    from stam.eval.mimic_qa import build_questions, write_jsonl
+    from stam_lab.eval.mimic_qa import build_questions, write_jsonl
 
     subjects = args.subjects.split(",") if args.subjects else None
     questions = build_questions(Path(args.mimic), per_patient=args.per_patient, seed=args.seed, subjects=subjects)
@@ -232,9 +232,9 @@ def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
     import tempfile
 
     from stam.embedding import Embedder
-    from stam.eval import lifecycle
-    from stam.eval.state import replay_mimic
-    from stam.eval.synthea import replay_synthea
+    from stam_lab.eval import lifecycle
+    from stam_lab.eval.state import replay_mimic
+    from stam_lab.eval.synthea import replay_synthea
 
     subjects = args.subjects.split(",") if args.subjects else None
     if args.replay and args.source != "mimic":
@@ -276,6 +276,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        "baselines and a reader, plots",
                        description="Instruments of the paper's evaluation (sections 4-6, appendices A-F).")
     ev = p.add_subparsers(dest="eval_command", required=True)
+    _register_state(ev)
+    _register_lifecycle(ev)
+    _register_qa(ev)
+    _register_gate(ev)
+    _register_questions(ev)
+
+
+def _register_state(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval state``: write-time state diagnostics against gold read from the data."""
     q = ev.add_parser("state", help="replay MIMIC-IV patients or Synthea bundles and diagnose the state against "
                       "gold read from the data",
                       description="Gold from the data, never from STAM: MIMIC-IV POE Change and D/C links, pharmacy "
@@ -293,6 +302,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(fn=cmd_eval_state)
+
+
+def _register_lifecycle(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval lifecycle``: ACTIVE orders and medications against the rows at sampled times."""
     q = ev.add_parser("lifecycle", help="does ACTIVE mean true now: ACTIVE orders and medications against what the "
                       "raw tables say is active at sampled clinical times",
                       description="Every table of the chosen MIMIC-IV patients (or the Synthea bundles) through the "
@@ -300,7 +313,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "precision and recall of ACTIVE medication and order memories against the rows (admission "
                       "open, not discontinued by a D/C or a Change, inside the pharmacy window; Synthea: "
                       "MedicationRequest status, Encounter periods), and the ACTIVE ones from an admission already "
-                      "discharged. Gold from the data only (stam/eval/lifecycle.py).")
+                      "discharged. Gold from the data only (lab/stam_lab/eval/lifecycle.py).")
     add_replay_options(q, source="mimic")
     q.set_defaults(tables=",".join(MIMIC_TABLES))
     q.add_argument("--samples", type=int, default=20, help="sampled clinical times per patient (default 20)")
@@ -310,6 +323,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bar")
     q.set_defaults(fn=cmd_eval_lifecycle)
+
+
+def _register_qa(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval qa``: MIMIC-QA, STAM against the baselines, with a reader's F1/EM."""
     q = ev.add_parser("qa", help="MIMIC-QA: STAM versus append-only, flat RAG, full context (evidence, tokens, "
                       "and a reader's F1/EM)",
                       description="Replays the split's patients (every MIMIC-IV table unless --tables) under "
@@ -357,6 +374,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--out", help="also write the JSON report here")
     q.add_argument("--quiet", action="store_true", help="no progress bars")
     q.set_defaults(fn=cmd_eval_qa)
+
+
+def _register_gate(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval gate``: the store gate calibrated with a reader."""
     q = ev.add_parser("gate", help="calibrate the store gate with a reader on MIMIC-QA and Synthea",
                       description="For the questions whose wording does not ask for the past (the only ones the "
                       "threshold decides), the reader answers from the ACTIVE-only packet and from the packet with "
@@ -385,6 +406,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     q.add_argument("--rows", action="store_true", help="keep every question's answers in the report")
     q.add_argument("--out", help="also write the JSON report here")
     q.set_defaults(fn=cmd_eval_gate)
+
+
+def _register_questions(ev: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``stam eval questions``: the MIMIC-QA question set as JSONL."""
     q = ev.add_parser("questions", help="build the deterministic MIMIC-QA question set (JSONL)")
     q.add_argument("--mimic", default="../shared/data/mimic-iv-demo-2.2", help="MIMIC-IV folder (hosp/, icu/)")
     q.add_argument("--subjects", help="comma-separated subject_ids (default: all)")

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from stam.training.adapters import META
+from stam.serving.adapters import META
 
 
 def trained_on(patient_id: str, roots: Iterable[Path]) -> dict[str, list[str]]:

@@ -1,4 +1,4 @@
-"""Plots of evaluation reports (PNG, matplotlib's non-interactive Agg backend; ``pip install stam[eval]``).
+"""Plots of evaluation reports (PNG, matplotlib's non-interactive Agg backend; matplotlib: a dependency of stam-lab).
 
 - ``plot_timeline``: a patient's ACTIVE and HISTORY sizes over clinical time, one line pair per variant
   (from the ``timeline`` a state report carries, computed from the transition log by ``timeline``).
@@ -48,7 +48,7 @@ def _pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:  # an optional dependency: say how to get it
-        raise RuntimeError("plots need matplotlib: pip install 'stam[eval]' (or matplotlib>=3.8)") from exc
+        raise RuntimeError("plots need matplotlib: pip install -e lab (or matplotlib>=3.8)") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

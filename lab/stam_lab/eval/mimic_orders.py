@@ -291,16 +291,45 @@ def ended_by(poe: dict[str, tuple[str, ...]]) -> dict[str, str]:
 
 def build(rows: RowsIn, discharge: dict[str, dict[str, tuple[datetime, str]]]) -> dict[str, Orders]:
     """Each patient's orders (``discharge``: per patient, hadm_id -> (dischtime, discharge entry))."""
-    poe = rows.poe
-    ender = ended_by(poe)
-    units: dict[str, dict[str, Order]] = defaultdict(dict)
+    ender = ended_by(rows.poe)
+    units = _Units()
+    first_start = _from_pharmacy(rows, ender, units)
+    _from_poe(rows, ender, units, first_start)
+    for subject, key, drug, starttime, stoptime, hadm in rows.orphans:
+        start, stop = _t(starttime), _t(stoptime)
+        if start is None:
+            continue
+        ref = f"prescription:{key}"
+        o = units.unit(subject, ref, hadm)
+        until = stop if stop is not None and stop >= start else None
+        e = entry("prescriptions", key)
+        o.versions.append(Version(start, (2, len(o.versions)), True, drug.strip(), e, until))
+        o.runs.append(Run(start, until, drug.strip(), e, None))
+    out: dict[str, Orders] = {}
+    for subject, mine in units.by_subject.items():
+        for o in mine.values():
+            o.versions.sort(key=lambda v: (v.time, v.rank))
+            o.ended_at.sort()
+        out[subject] = Orders(mine.values(), discharge.get(subject, {}))
+    return out
 
-    def unit(subject: str, ref: str, hadm: str | None) -> Order:
-        got = units[subject].get(ref)
+
+class _Units:
+    """The orders being built, per patient and order reference (``poe:<id>``, ``pharmacy:<id>``...)."""
+
+    def __init__(self) -> None:
+        self.by_subject: dict[str, dict[str, Order]] = defaultdict(dict)
+
+    def unit(self, subject: str, ref: str, hadm: str | None) -> Order:
+        got = self.by_subject[subject].get(ref)
         if got is None:
-            got = units[subject][ref] = Order(ref, hadm or None)
+            got = self.by_subject[subject][ref] = Order(ref, hadm or None)
         return got
 
+
+def _from_pharmacy(rows: RowsIn, ender: dict[str, str], units: _Units) -> dict[str, datetime]:
+    """The versions and runs the pharmacy rows publish; returns each POE order's first pharmacy start."""
+    poe = rows.poe
     first_start: dict[str, datetime] = {}
     for n, (subject, pid, poe_id, starttime, entertime, stoptime, status, _med, _r, _f, hadm) in enumerate(
             rows.pharmacy):
@@ -308,7 +337,7 @@ def build(rows: RowsIn, discharge: dict[str, dict[str, tuple[datetime, str]]]) -
         if start is None or (stoptime and stop is None):
             continue  # a row the loader cannot read
         name = rows.pharmacy_name.get(pid, "")
-        o = unit(subject, f"poe:{poe_id}" if poe_id else f"pharmacy:{pid}", hadm)
+        o = units.unit(subject, f"poe:{poe_id}" if poe_id else f"pharmacy:{pid}", hadm)
         if poe_id:
             first_start[poe_id] = min(start, first_start.get(poe_id, start))
         final = PHARMACY_STATUS.get(status)
@@ -344,20 +373,26 @@ def build(rows: RowsIn, discharge: dict[str, dict[str, tuple[datetime, str]]]) -
             o.unclear.append((start, None))
         elif stop > start:
             o.runs.append(Run(start, stop, name, begun, entry("pharmacy", f"{pid}:stop")))
+    return first_start
+
+
+def _from_poe(rows: RowsIn, ender: dict[str, str], units: _Units, first_start: dict[str, datetime]) -> None:
+    """The versions, runs and endings the POE rows publish (medication orders, and orders with pharmacy rows)."""
+    poe = rows.poe
     with_pharmacy = {r[2] for r in rows.pharmacy if r[2]}
     for n, (pid, subject, ordertime, order_type, tx, of, _by, hadm) in enumerate(poe.values()):
         when = _t(ordertime)
         if when is None:
             continue
         if tx in ("Change", "D/C") and of:
-            target = units[subject].get(f"poe:{of}")
+            target = units.by_subject[subject].get(f"poe:{of}")
             if target is None and (poe.get(of, ("",) * 4)[3] == "Medications" or of in with_pharmacy):
-                target = unit(subject, f"poe:{of}", poe[of][7] if of in poe else hadm)
+                target = units.unit(subject, f"poe:{of}", poe[of][7] if of in poe else hadm)
             if target is not None:
                 target.ended_at.append((when, entry("poe", pid)))
         if tx not in ("New", "Change", "H") or not (order_type == "Medications" or pid in with_pharmacy):
             continue
-        o = unit(subject, f"poe:{pid}", hadm)
+        o = units.unit(subject, f"poe:{pid}", hadm)
         name = rows.poe_name.get(pid, "") if order_type == "Medications" else ""
         o.versions.append(Version(when, (0, n), tx != "H", name, entry("poe", pid),
                                   medication=order_type == "Medications"))
@@ -370,20 +405,3 @@ def build(rows: RowsIn, discharge: dict[str, dict[str, tuple[datetime, str]]]) -
                 o.unclear.append((when, first_start[pid]))  # ordered, not yet dispensed
         elif order_type == "Medications" and (by_time is None or by_time > when):
             o.runs.append(Run(when, by_time, name, entry("poe", pid), entry("poe", by) if by else None))
-    for subject, key, drug, starttime, stoptime, hadm in rows.orphans:
-        start, stop = _t(starttime), _t(stoptime)
-        if start is None:
-            continue
-        ref = f"prescription:{key}"
-        o = unit(subject, ref, hadm)
-        until = stop if stop is not None and stop >= start else None
-        e = entry("prescriptions", key)
-        o.versions.append(Version(start, (2, len(o.versions)), True, drug.strip(), e, until))
-        o.runs.append(Run(start, until, drug.strip(), e, None))
-    out: dict[str, Orders] = {}
-    for subject, mine in units.items():
-        for o in mine.values():
-            o.versions.sort(key=lambda v: (v.time, v.rank))
-            o.ended_at.sort()
-        out[subject] = Orders(mine.values(), discharge.get(subject, {}))
-    return out

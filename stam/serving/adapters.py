@@ -2,7 +2,8 @@
 
 An *untrained* adapter (both LoRA matrices random, seeded) changes a model's output without having learnt
 anything; it is what the serving checks load when no trained adapter is given, and it says so in its
-``stam_adapter.json`` (``"trained": false``). Trained adapters come from ``stam train lora``.
+``stam_adapter.json`` (``"trained": false``). Trained adapters come from ``stam train lora`` (the lab part,
+``stam_lab.training``); what serving and erasure read of one (``read_meta``, ``META``) is here, in the product.
 """
 
 from __future__ import annotations

@@ -107,25 +107,43 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     ``patients_at_once`` patients run side by side, each on its own stores, and ``parallel`` judgements of a
     note are in flight together: an engine that batches (vLLM) then answers several calls for about the price of
     one. The traces are the same calls either way (each patient's entries stay in clinical-time order)."""
-    from stam.compose import local_deps
-    from stam.embedding import Embedder
-    from stam.errors import ReasoningError, TrainingError
+    from stam.errors import TrainingError
     from stam.llm.client import LLMClient
-    from stam.reasoning.base import Router
-    from stam.reasoning.coded import CodedReasoner
     from stam.reasoning.model import ModelReasoner
-    from stam.sources.fhir_ndjson import load_ndjson, patient_lines
-    from stam.stages import process_entry
 
     out.mkdir(parents=True, exist_ok=True)
     chosen = choose_notes(notes_dir, notes=notes, per_patient=per_patient, exclude=exclude or set(), seed=seed)
     if not chosen:
         raise TrainingError(f"no notes to run the teacher on in {notes_dir / NOTES_FILE}")
-    all_path, plan_path, progress_path = out / "all.jsonl", out / "plan.json", out / "progress.jsonl"
     client = LLMClient(url, model, timeout_s=timeout_s, retries=1, max_concurrency=max(1, patients_at_once * parallel))
     prompt_ids = ModelReasoner(client).prompts
     plan = {"teacher": model, "prompts": prompt_ids, "seed": seed,
             "notes": {p: [json.loads(line)["id"] for line in lines] for p, lines in chosen.items()}}
+    records = _start_or_resume(out, plan, resume)
+    run = _TeacherRun(notes_dir, out, chosen, client, parallel=parallel, records=records, progress=progress)
+    started = time.perf_counter()
+    run.run(patients_at_once)
+    usage: dict[str, dict[str, float]] = {}
+    for r in records:
+        for kind, u in r["usage"].items():
+            for f, v in u.items():
+                usage.setdefault(kind, {}).setdefault(f, 0)
+                usage[kind][f] = round(usage[kind][f] + v, 3)
+    manifest = split(out, chosen, url=url, model=model, prompts=prompt_ids, val_fraction=val_fraction,
+                     seed=seed, seconds=time.perf_counter() - started,
+                     failed=[f for r in records for f in r["failed"]], usage=usage,
+                     patient_seconds=sum(r["seconds"] for r in records))
+    (out / "plan.json").unlink()
+    (out / "progress.jsonl").unlink(missing_ok=True)
+    return manifest
+
+
+def _start_or_resume(out: Path, plan: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
+    """Write the plan of a new run, or check that ``out`` holds a run of the same plan to resume (only its finished
+    patients' traces kept); the progress records of the patients already done."""
+    from stam.errors import TrainingError
+
+    all_path, plan_path, progress_path = out / "all.jsonl", out / "plan.json", out / "progress.jsonl"
     records: list[dict[str, Any]] = []
     if plan_path.exists() and not resume:
         raise TrainingError(f"{out} holds an unfinished teacher run; give --resume to go on with it, or another --out")
@@ -145,87 +163,104 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
         progress_path.unlink(missing_ok=True)
         plan_path.write_text(json.dumps(plan, indent=1) + "\n")
         plan_path.chmod(0o600)  # patient ids, as the traces
-    finished = {r["patient"] for r in records}
-    embedder = Embedder()
-    writer = TraceWriter(all_path)
-    tmp = Path(tempfile.mkdtemp(prefix="stam-traces-"))
-    n_notes = sum(len(v) for v in chosen.values())
-    done = [sum(len(chosen[p]) for p in finished)]
-    lock = threading.Lock()
-    stop = threading.Event()  # set on Ctrl-C or a failure: the other patients stop after their current entry
-    if finished and progress:
-        print(f"resuming: {len(finished)} patients, {done[0]} notes done", file=sys.stderr)
+    return records
 
-    def one_patient(i: int, patient: str, lines: list[str]) -> None:
+
+class _TeacherRun:
+    """The teacher over the chosen patients not done yet, ``patients_at_once`` side by side, each on its own stores;
+    a progress record per patient finished (appended to ``records`` and ``progress.jsonl``)."""
+
+    def __init__(self, notes_dir: Path, out: Path, chosen: dict[str, list[str]], client: Any, *, parallel: int,
+                 records: list[dict[str, Any]], progress: bool) -> None:
+        import importlib
+
+        from stam.embedding import Embedder
+
+        # What one_patient imports, imported once here, in the calling thread, before the patients' threads start.
+        for name in ("stam.compose", "stam.reasoning.base", "stam.reasoning.coded", "stam.reasoning.model",
+                     "stam.sources.fhir_ndjson", "stam.stages"):
+            importlib.import_module(name)
+        self.notes_dir, self.chosen, self.client, self.parallel = notes_dir, chosen, client, parallel
+        self.records, self.progress, self.progress_path = records, progress, out / "progress.jsonl"
+        self.finished = {r["patient"] for r in records}
+        self.embedder = Embedder()
+        self.writer = TraceWriter(out / "all.jsonl")
+        self.tmp = Path(tempfile.mkdtemp(prefix="stam-traces-"))
+        self.n_notes = sum(len(v) for v in chosen.values())
+        self.done = sum(len(chosen[p]) for p in self.finished)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()  # set on Ctrl-C or a failure: the other patients stop after their current entry
+        if self.finished and progress:
+            print(f"resuming: {len(self.finished)} patients, {self.done} notes done", file=sys.stderr)
+
+    def run(self, patients_at_once: int) -> None:
+        from stam.errors import TrainingError
+
+        todo = [(i, p, lines) for i, (p, lines) in enumerate(self.chosen.items()) if p not in self.finished]
+        pool = ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher")
+        try:
+            for f in [pool.submit(self.one_patient, *t) for t in todo]:
+                f.result()
+        except BaseException:
+            self.stop.set()
+            if self.progress:
+                print("stopping: the patients in progress stop after their current entry (--resume goes on)",
+                      file=sys.stderr)
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            self.writer.close()
+        if self.stop.is_set():
+            raise TrainingError("stopped before every patient was done; --resume goes on")
+
+    def one_patient(self, i: int, patient: str, lines: list[str]) -> None:
+        """The patient's coded history and chosen notes through the write-path stages, in clinical-time order."""
+        from stam.compose import local_deps
+        from stam.errors import ReasoningError
+        from stam.reasoning.base import Router
+        from stam.reasoning.coded import CodedReasoner
+        from stam.reasoning.model import ModelReasoner
+        from stam.sources.fhir_ndjson import load_ndjson, patient_lines
+        from stam.stages import process_entry
+
         # Own stores and reasoner per patient (patients run side by side; the usage is this patient's).
         started = time.perf_counter()
-        reasoner = ModelReasoner(client, parallel=parallel, trace=writer)
-        folder = tmp / f"p{i}"
+        reasoner = ModelReasoner(self.client, parallel=self.parallel, trace=self.writer)
+        folder = self.tmp / f"p{i}"
         folder.mkdir()
-        deps, rclient = local_deps(folder / "milvus.db", folder / "redis.rdb", embedder=embedder,
+        deps, rclient = local_deps(folder / "milvus.db", folder / "redis.rdb", embedder=self.embedder,
                                    router=Router(CodedReasoner(), reasoner))
         failed: list[dict[str, str]] = []
         try:
             last = max(note_time(json.loads(line)) for line in lines)
             src = folder / "src"
             src.mkdir()
-            for rtype, hist in patient_lines(notes_dir, patient, HISTORY_TYPES, last[:19]).items():
+            for rtype, hist in patient_lines(self.notes_dir, patient, HISTORY_TYPES, last[:19]).items():
                 (src / f"{rtype}.000.ndjson").write_text("\n".join(hist) + "\n")
             (src / NOTES_FILE).write_text("\n".join(lines) + "\n")
             for entry in load_ndjson([src]).entries:  # clinical-time order
-                if stop.is_set():
+                if self.stop.is_set():
                     return  # unfinished: no progress record, so --resume runs this patient again
                 try:
                     process_entry(entry, deps)
                 except ReasoningError as exc:  # the worker would dead-letter it; the teacher had no valid answer
                     failed.append({"entry_id": entry.entry_id, "patient_id": patient, "error": str(exc)[:300]})
                 if entry.resource_type == "DocumentReference":
-                    with lock:
-                        done[0] += 1
-                        if progress:
-                            print(f"[{done[0]}/{n_notes}] patient {i + 1}/{len(chosen)} "
-                                  f"{time.perf_counter() - started:.0f}s traces={writer.written}", file=sys.stderr)
+                    with self.lock:
+                        self.done += 1
+                        if self.progress:
+                            print(f"[{self.done}/{self.n_notes}] patient {i + 1}/{len(self.chosen)} "
+                                  f"{time.perf_counter() - started:.0f}s traces={self.writer.written}", file=sys.stderr)
         finally:
             deps.vectors.close()
             if hasattr(rclient, "close"):
                 rclient.close()
         record = {"patient": patient, "notes": len(lines), "seconds": round(time.perf_counter() - started, 1),
                   "failed": failed, "usage": {k: v.as_dict() for k, v in reasoner.usage.items()}}
-        with lock, progress_path.open("a", encoding="utf-8") as fh:  # after its traces: all of them are there
+        with self.lock, self.progress_path.open("a", encoding="utf-8") as fh:  # after its traces: all of them are there
             fh.write(json.dumps(record) + "\n")
-            progress_path.chmod(0o600)
-            records.append(record)
-
-    todo = [(i, p, lines) for i, (p, lines) in enumerate(chosen.items()) if p not in finished]
-    started = time.perf_counter()
-    pool = ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher")
-    try:
-        for f in [pool.submit(one_patient, *t) for t in todo]:
-            f.result()
-    except BaseException:
-        stop.set()
-        if progress:
-            print("stopping: the patients in progress stop after their current entry (--resume goes on)",
-                  file=sys.stderr)
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        writer.close()
-    if stop.is_set():
-        raise TrainingError("stopped before every patient was done; --resume goes on")
-    usage: dict[str, dict[str, float]] = {}
-    for r in records:
-        for kind, u in r["usage"].items():
-            for f, v in u.items():
-                usage.setdefault(kind, {}).setdefault(f, 0)
-                usage[kind][f] = round(usage[kind][f] + v, 3)
-    manifest = split(out, chosen, url=url, model=model, prompts=prompt_ids, val_fraction=val_fraction,
-                     seed=seed, seconds=time.perf_counter() - started,
-                     failed=[f for r in records for f in r["failed"]], usage=usage,
-                     patient_seconds=sum(r["seconds"] for r in records))
-    plan_path.unlink()
-    progress_path.unlink(missing_ok=True)
-    return manifest
+            self.progress_path.chmod(0o600)
+            self.records.append(record)
 
 
 def split(out: Path, chosen: dict[str, list[str]], *, url: str, model: str, prompts: dict[str, str],

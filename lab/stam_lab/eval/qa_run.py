@@ -1,6 +1,6 @@
 """Evidence-level QA evaluation on MIMIC-QA: what each system would put in front of a reader.
 
-For each question (``stam.eval.mimic_qa``), each system builds its context for the patient at the question's
+For each question (``stam_lab.eval.mimic_qa``), each system builds its context for the patient at the question's
 clinical time (``as_of``, as a user would ask it), counted with the same tokenizer; reported per system:
 gold-evidence recall (share of the question's supporting rows in the context), questions with all their
 evidence served, served tokens (mean, median), by question type, and paired comparisons against STAM (exact
@@ -47,13 +47,13 @@ import numpy as np
 
 from schemas import AtomicMemory, RecordEntry, Store, StoredMemory
 from schemas.query import GateMode, QueryRequest
-from stam.eval.mimic_qa import Question
-from stam.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
-from stam.eval.qa import exact_match, token_f1
-from stam.eval.state import Replayed, replay_mimic
 from stam.llm.prompt import ids as prompt_ids
 from stam.llm.prompt import prompt
 from stam.read.reader import SYSTEM
+from stam_lab.eval.mimic_qa import Question
+from stam_lab.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
+from stam_lab.eval.qa import exact_match, token_f1
+from stam_lab.eval.state import Replayed, replay_mimic
 
 SYSTEMS = ("stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context")
 ABLATIONS = ("stam-no-facts", "stam-neutral")
@@ -160,9 +160,7 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     ``deletion_gate`` (a :class:`stam.deletion.gate.Gate`): after every system has read, the gate's sweep is applied
     to the replay by the update stage's own deletion (:func:`stam.stages.delete_batch`), and STAM reads again as
     ``stam+deletion`` (paired with ``stam``); the report says what was deleted (``deletion``)."""
-    from stam.compose import local_query_service
     from stam.embedding import Embedder
-    from stam.read.gate import StoreGate
     from stam.read.tokens import load_tokenizer
     from stam.sources.mimic import TABLES
 
@@ -177,103 +175,26 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     if unknown:
         raise ValueError(f"unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS + ABLATIONS)}")
     systems = chosen
+    matching: dict[str, Any] | None = None
+    deletion: dict[str, Any] | None = None
     try:
-        gate = StoreGate()
-        services = {"stam": local_query_service(stam.deps, embedder=embedder, tokenizer=tokenizer, gate=gate),
-                    "append-only+threads": local_query_service(
-                        stam.deps, states=AppendOnlyStates(stam.deps.states),  # type: ignore[arg-type]
-                        embedder=embedder, tokenizer=tokenizer, gate=gate)}
-        series: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
-        item_of: dict[str, str] = {}
-        stops: dict[str, datetime] = {}
-        for es in stam.entries.values():
-            for e in es:
-                if e.entry_id.startswith("mimic-iv:labevents:") and e.codes and e.effective_at is not None:
-                    key = f"{e.patient_id}|{e.codes[0].code}"
-                    series[key].append((e.effective_at, e.entry_id))
-                    item_of[e.entry_id] = key
-                elif e.entry_id.startswith("mimic-iv:pharmacy:") and e.entry_id.endswith(":stop") and \
-                        e.effective_end is not None:
-                    stops[e.entry_id.removesuffix(":stop") + ":start"] = e.effective_end
-        for v in series.values():
-            v.sort()
-
-        def read_path(name: str, q: Question, mode: GateMode, ka: int, kh: int,
-                      token_budget: int | None = None) -> dict[str, Any]:
-            service = services["append-only+threads" if name == "append-only+threads" else "stam"]
-            as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
-            req = QueryRequest(request_id=q.question_id, patient_id=q.patient_id, question=q.question,
-                               k_active=ka, k_history=kh, gate=mode, as_of=as_of, token_budget=token_budget,
-                               facts=name != "stam-no-facts", labels=name != "stam-neutral")
-            pkt = service.packet(req)
-            return _row(q, {i.source_entry_id for i in pkt.items}, pkt.tokens, pkt.rendered,
-                        history=sum(i.store is Store.HISTORY for i in pkt.items), facts=len(pkt.facts),
-                        intent=pkt.intent, stale=_current_errors(pkt, series, item_of, stops)
-                        if name.startswith("stam") else 0)
-
-        memory_cache: dict[str, _Memories] = {}
-        chunk_cache: dict[str, tuple[list[tuple[RecordEntry, str]], np.ndarray, list[int]]] = {}
+        run = _Run(stam, embedder, tokenizer, workdir=workdir, keep_replay=keep_replay, rag_k=rag_k, budget=budget)
         rows: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
         for q in questions:
-            as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
             for name in systems:
                 if name.startswith("stam") or name == "append-only+threads":
                     mode = GateMode.BOTH if name == "stam-both" else GateMode.AUTO
-                    rows[name].append(read_path(name, q, mode, k_active, k_history))
-            qv = embedder.embed([q.question])[0]
-            if "append-only" in rows:
-                if q.patient_id not in memory_cache:
-                    memory_cache[q.patient_id] = _append_only_memories(stam, q.patient_id, embedder)
-                rows["append-only"].append(_append_only(q, memory_cache[q.patient_id], qv, as_of,
-                                                        k_active + k_history, tokenizer))
-            if "flat-rag" not in rows and "full-context" not in rows:
-                continue
-            if q.patient_id not in chunk_cache:
-                chunks = _chunks(stam, q.patient_id)
-                vecs = _chunk_vectors(embedder, [t for _, t in chunks],
-                                      workdir / "stam" / "chunk-vectors" / f"{q.patient_id}.npy" if keep_replay
-                                      else None)
-                chunk_cache[q.patient_id] = (chunks, vecs, tokenizer.count_many([_line(*c) for c in chunks]))
-            chunks, vecs, counts = chunk_cache[q.patient_id]
-            visible = [i for i, (e, _) in enumerate(chunks)
-                       if as_of is None or (_when(e) is not None and _when(e) <= as_of)]  # type: ignore[operator]
-            ranked = sorted(visible, key=lambda i: -float(vecs[i] @ qv))[:rag_k]
-            text = _render_entries(chunks, ranked, "Patient record entries (most relevant first):")
-            if "flat-rag" in rows:
-                rows["flat-rag"].append(_row(q, {chunks[i][0].entry_id for i in ranked}, tokenizer.count(text),
-                                             text))
-            if "full-context" not in rows:
-                continue
-            kept: list[int] = []
-            used = tokenizer.count("Patient record entries (oldest first):")
-            for i in reversed(visible):  # newest first; the oldest are what the budget drops
-                if used + counts[i] > budget:
-                    break
-                kept.append(i)
-                used += counts[i]
-            text = _render_entries(chunks, kept[::-1], "Patient record entries (oldest first):")
-            rows["full-context"].append(_row(q, {chunks[i][0].entry_id for i in kept}, tokenizer.count(text), text,
-                                             truncated=len(kept) < len(visible)))
-            if progress is not None and hasattr(progress, "question"):
+                    rows[name].append(run.read(name, q, mode, k_active, k_history))
+            run.baselines(q, rows, k_active + k_history)
+            if progress is not None and hasattr(progress, "question") and "full-context" in rows:
                 progress.question()
-        matching = None
         if match is not None:
-            if match not in rows or match.startswith("stam") or match == "append-only+threads":
-                raise ValueError(f"match against one of append-only, flat-rag, full-context, not {match!r}")
-            target = int(statistics.median(r["tokens"] for r in rows[match]))
-            name = f"stam@{match}"
-            rows[name] = [read_path("stam", q, GateMode.AUTO, MATCH_K, MATCH_K, token_budget=target)
-                          for q in questions]
-            systems.append(name)
-            median = statistics.median(r["tokens"] for r in rows[name])
-            matching = {"comparator": match, "target_tokens": target, "stam_median_tokens": median,
-                        "ratio": round(median / target, 3) if target else None,
-                        "matched": bool(target) and 0.8 <= median / target <= 1.25}
-        deletion = None
+            matching = run.matching(match, questions, rows)
+            systems.append(f"stam@{match}")
         if deletion_gate is not None:
             deletion = _delete(stam, deletion_gate, subjects, embedder)
-            services["stam"] = local_query_service(stam.deps, embedder=embedder, tokenizer=tokenizer, gate=gate)
-            rows["stam+deletion"] = [read_path("stam", q, GateMode.AUTO, k_active, k_history) for q in questions]
+            run.services["stam"] = run.service()
+            rows["stam+deletion"] = [run.read("stam", q, GateMode.AUTO, k_active, k_history) for q in questions]
             systems.append("stam+deletion")
     finally:
         stam.close()
@@ -295,6 +216,115 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     if keep_rows:
         report["rows"] = {s: [{k: v for k, v in r.items() if k != "context"} for r in rows[s]] for s in systems}
     return report
+
+
+class _Run:
+    """One QA run's systems over one replay: STAM's read path (and append-only+threads on the same stores), the
+    append-only, flat-RAG and full-context baselines, and the record's truth that stale current items are
+    counted against (each lab item's results in time order, each pharmacy order's stop)."""
+
+    def __init__(self, stam: Replayed, embedder: Any, tokenizer: Any, *, workdir: Path, keep_replay: bool,
+                 rag_k: int, budget: int) -> None:
+        from stam.read.gate import StoreGate
+
+        self.stam, self.embedder, self.tokenizer = stam, embedder, tokenizer
+        self.workdir, self.keep_replay, self.rag_k, self.budget = workdir, keep_replay, rag_k, budget
+        self.gate = StoreGate()
+        self.services = {"stam": self.service(), "append-only+threads": self.service(
+            AppendOnlyStates(stam.deps.states))}
+        self.series: dict[str, list[tuple[datetime, str]]] = defaultdict(list)
+        self.item_of: dict[str, str] = {}
+        self.stops: dict[str, datetime] = {}
+        for es in stam.entries.values():
+            for e in es:
+                if e.entry_id.startswith("mimic-iv:labevents:") and e.codes and e.effective_at is not None:
+                    key = f"{e.patient_id}|{e.codes[0].code}"
+                    self.series[key].append((e.effective_at, e.entry_id))
+                    self.item_of[e.entry_id] = key
+                elif e.entry_id.startswith("mimic-iv:pharmacy:") and e.entry_id.endswith(":stop") and \
+                        e.effective_end is not None:
+                    self.stops[e.entry_id.removesuffix(":stop") + ":start"] = e.effective_end
+        for v in self.series.values():
+            v.sort()
+        self.memories: dict[str, _Memories] = {}
+        self.chunks: dict[str, tuple[list[tuple[RecordEntry, str]], np.ndarray, list[int]]] = {}
+
+    def service(self, states: AppendOnlyStates | None = None) -> Any:
+        """A query service on the replay's stores (``states``: append-only's view of them)."""
+        from stam.compose import local_query_service
+
+        if states is None:
+            return local_query_service(self.stam.deps, embedder=self.embedder, tokenizer=self.tokenizer,
+                                       gate=self.gate)
+        return local_query_service(self.stam.deps, states=states,  # type: ignore[arg-type]
+                                   embedder=self.embedder, tokenizer=self.tokenizer, gate=self.gate)
+
+    def read(self, name: str, q: Question, mode: GateMode, ka: int, kh: int,
+             token_budget: int | None = None) -> dict[str, Any]:
+        """The read path's packet for ``q`` as system ``name`` (a STAM variant or append-only+threads)."""
+        service = self.services["append-only+threads" if name == "append-only+threads" else "stam"]
+        as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
+        req = QueryRequest(request_id=q.question_id, patient_id=q.patient_id, question=q.question,
+                           k_active=ka, k_history=kh, gate=mode, as_of=as_of, token_budget=token_budget,
+                           facts=name != "stam-no-facts", labels=name != "stam-neutral")
+        pkt = service.packet(req)
+        return _row(q, {i.source_entry_id for i in pkt.items}, pkt.tokens, pkt.rendered,
+                    history=sum(i.store is Store.HISTORY for i in pkt.items), facts=len(pkt.facts),
+                    intent=pkt.intent, stale=_current_errors(pkt, self.series, self.item_of, self.stops)
+                    if name.startswith("stam") else 0)
+
+    def baselines(self, q: Question, rows: dict[str, list[dict[str, Any]]], k: int) -> None:
+        """The append-only, flat-RAG and full-context rows of ``q`` (those of the systems in ``rows``)."""
+        as_of = datetime.fromisoformat(q.as_of) if q.as_of else None
+        qv = self.embedder.embed([q.question])[0]
+        if "append-only" in rows:
+            if q.patient_id not in self.memories:
+                self.memories[q.patient_id] = _append_only_memories(self.stam, q.patient_id, self.embedder)
+            rows["append-only"].append(_append_only(q, self.memories[q.patient_id], qv, as_of, k, self.tokenizer))
+        if "flat-rag" not in rows and "full-context" not in rows:
+            return
+        chunks, vecs, counts = self.patient_chunks(q.patient_id)
+        visible = [i for i, (e, _) in enumerate(chunks)
+                   if as_of is None or (_when(e) is not None and _when(e) <= as_of)]  # type: ignore[operator]
+        ranked = sorted(visible, key=lambda i: -float(vecs[i] @ qv))[:self.rag_k]
+        text = _render_entries(chunks, ranked, "Patient record entries (most relevant first):")
+        if "flat-rag" in rows:
+            rows["flat-rag"].append(_row(q, {chunks[i][0].entry_id for i in ranked}, self.tokenizer.count(text), text))
+        if "full-context" not in rows:
+            return
+        kept: list[int] = []
+        used = self.tokenizer.count("Patient record entries (oldest first):")
+        for i in reversed(visible):  # newest first; the oldest are what the budget drops
+            if used + counts[i] > self.budget:
+                break
+            kept.append(i)
+            used += counts[i]
+        text = _render_entries(chunks, kept[::-1], "Patient record entries (oldest first):")
+        rows["full-context"].append(_row(q, {chunks[i][0].entry_id for i in kept}, self.tokenizer.count(text), text,
+                                         truncated=len(kept) < len(visible)))
+
+    def patient_chunks(self, pid: str) -> tuple[list[tuple[RecordEntry, str]], np.ndarray, list[int]]:
+        """The patient's record entries as text chunks, their vectors and token counts (computed once)."""
+        if pid not in self.chunks:
+            chunks = _chunks(self.stam, pid)
+            vecs = _chunk_vectors(self.embedder, [t for _, t in chunks],
+                                  self.workdir / "stam" / "chunk-vectors" / f"{pid}.npy" if self.keep_replay
+                                  else None)
+            self.chunks[pid] = (chunks, vecs, self.tokenizer.count_many([_line(*c) for c in chunks]))
+        return self.chunks[pid]
+
+    def matching(self, match: str, questions: Sequence[Question],
+                 rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+        """STAM again at a token budget equal to ``match``'s median (rows ``stam@<match>``), and how close it came."""
+        if match not in rows or match.startswith("stam") or match == "append-only+threads":
+            raise ValueError(f"match against one of append-only, flat-rag, full-context, not {match!r}")
+        target = int(statistics.median(r["tokens"] for r in rows[match]))
+        name = f"stam@{match}"
+        rows[name] = [self.read("stam", q, GateMode.AUTO, MATCH_K, MATCH_K, token_budget=target) for q in questions]
+        median = statistics.median(r["tokens"] for r in rows[name])
+        return {"comparator": match, "target_tokens": target, "stam_median_tokens": median,
+                "ratio": round(median / target, 3) if target else None,
+                "matched": bool(target) and 0.8 <= median / target <= 1.25}
 
 
 def usage_of(reader: Any) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from typing import Any
 
 from stam.errors import TrainingError
 from stam.reasoning.traces import MODULE_OF, Trace, read_traces
-from stam.training.adapters import META, TARGET_MODULES
+from stam.serving.adapters import META, TARGET_MODULES
 
 IGNORE = -100
 MODULES = sorted(set(MODULE_OF.values()))
@@ -126,8 +126,7 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     seconds (a note gives one extraction trace but a dozen judgements). The adapter lists the patients of the
     traces it used."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     base_name = base_name or base.name.removesuffix(".hf")  # stam.llm.convert names folders <model>.hf
     if module not in MODULES:
@@ -143,95 +142,14 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     tokenizer = AutoTokenizer.from_pretrained(str(base))
-
-    def examples(items: list[Trace]) -> tuple[list[tuple[list[int], list[int]]], int]:
-        kept, dropped = [], 0
-        for t in items:
-            ids, labels = encode(tokenizer, t)
-            if len(ids) > recipe.max_length:
-                dropped += 1
-                continue
-            kept.append((ids, labels))
-        return kept, dropped
-
-    train_set, train_dropped = examples(train_traces)
-    val_set, val_dropped = examples(val_traces)
+    train_set, train_dropped = _examples(tokenizer, train_traces, recipe.max_length)
+    val_set, val_dropped = _examples(tokenizer, val_traces, recipe.max_length)
     if not train_set:
         raise TrainingError(f"every {module} training trace is longer than max_length {recipe.max_length}")
-    model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
-    model.to(device)
-    model.config.use_cache = False
-    config = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
-                        target_modules=list(recipe.target_modules), task_type="CAUSAL_LM")
-    model = get_peft_model(model, config)
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    steps_per_epoch = math.ceil(len(train_set) / recipe.batch_size)
-    total_steps = steps_per_epoch * recipe.epochs
-    if recipe.max_steps:
-        total_steps = min(total_steps, recipe.max_steps)
-    warmup = max(1, math.ceil(recipe.warmup_ratio * total_steps))
-    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=recipe.learning_rate)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
-
-    def loss_of(ids: list[int], labels: list[int]) -> Any:
-        return response_loss(model, ids, labels, device)
-
-    def validate() -> float | None:
-        if not val_set:
-            return None
-        model.eval()
-        with torch.no_grad():
-            total = sum(float(loss_of(i, lab)) for i, lab in val_set)
-        model.train()
-        return round(total / len(val_set), 4)
-
-    from tqdm import tqdm
-
+    fit = _Fit(base, recipe, device, dtype, len(train_set), val_set)
     started = time.perf_counter()
-    history: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "val_loss": validate()}]
-    best: tuple[float, int] | None = None
-    step = 0
-    step_seconds: list[float] = []
-    bar = tqdm(total=total_steps, desc=f"lora {module}", unit="step", file=sys.stderr, disable=not progress)
-    model.train()
-    out.mkdir(parents=True, exist_ok=True)
-    for epoch in range(1, recipe.epochs + 1):
-        if step >= total_steps:
-            break
-        order = list(range(len(train_set)))
-        random.shuffle(order)
-        losses: list[float] = []
-        for start in range(0, len(order), recipe.batch_size):
-            if step >= total_steps:
-                break
-            t0 = time.perf_counter()
-            batch = order[start:start + recipe.batch_size]
-            optimiser.zero_grad()
-            batch_loss = 0.0
-            for i in batch:
-                loss = loss_of(*train_set[i]) / len(batch)
-                loss.backward()
-                batch_loss += float(loss.detach())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.max_grad_norm)
-            optimiser.step()
-            scheduler.step()
-            step += 1
-            losses.append(batch_loss)
-            step_seconds.append(time.perf_counter() - t0)
-            bar.update(1)
-            bar.set_postfix(loss=f"{batch_loss:.3f}")
-        val = validate()
-        checkpoint = out / f"checkpoint-epoch{epoch}"
-        model.save_pretrained(str(checkpoint))
-        history.append({"epoch": epoch, "step": step, "train_loss": round(sum(losses) / max(1, len(losses)), 4),
-                        "val_loss": val, "checkpoint": checkpoint.name})
-        score = val if val is not None else history[-1]["train_loss"]
-        if best is None or score < best[0]:
-            best = (score, epoch)
-    bar.close()
-    assert best is not None
-    chosen = out / f"checkpoint-epoch{best[1]}"
+    history, best, step_seconds = fit.run(train_set, out, f"lora {module}", progress)
+    chosen = out / f"checkpoint-epoch{best}"
     # The adapter itself: the best checkpoint's files at the top of the folder.
     for f in chosen.iterdir():
         if f.is_file():
@@ -241,19 +159,133 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     report: dict[str, Any] = {
         "module": module, "base": base_name, "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "recipe": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(recipe).items()},
-        "trainable_parameters": trainable, "train_traces": len(train_set), "val_traces": len(val_set),
+        "trainable_parameters": fit.trainable, "train_traces": len(train_set), "val_traces": len(val_set),
         "traces_available": available,
         "dropped_too_long": {"train": train_dropped, "val": val_dropped},
-        "steps": step, "steps_per_epoch": steps_per_epoch, "warmup_steps": warmup,
+        "steps": fit.step, "steps_per_epoch": fit.steps_per_epoch, "warmup_steps": fit.warmup,
         "seconds": round(time.perf_counter() - started, 1),
         "seconds_per_step": round(sum(step_seconds) / max(1, len(step_seconds)), 2),
         "peak_rss_mb": peak_rss_mb(),
         "peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if cuda else None,
-        "history": history, "chosen_epoch": best[1], "adapter": str(out),
+        "history": history, "chosen_epoch": best, "adapter": str(out),
     }
     (out / META).write_text(json.dumps({
         "trained": True, "module": module, "base": base_name, "patients": patients,
         "validation_patients": val_patients, "traces": str(traces), "recipe": report["recipe"],
-        "chosen_epoch": best[1]}, indent=1) + "\n")
+        "chosen_epoch": best}, indent=1) + "\n")
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
+
+
+def _examples(tokenizer: Any, items: list[Trace], max_length: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """The encoded traces (ids, labels) no longer than ``max_length``, and how many were longer (dropped)."""
+    kept, dropped = [], 0
+    for t in items:
+        ids, labels = encode(tokenizer, t)
+        if len(ids) > max_length:
+            dropped += 1
+            continue
+        kept.append((ids, labels))
+    return kept, dropped
+
+
+class _Fit:
+    """The adapter being trained: the base model with LoRA, the optimiser and the learning-rate schedule of the
+    recipe, validation, and the epochs (a checkpoint each)."""
+
+    def __init__(self, base: Path, recipe: Recipe, device: Any, dtype: Any, n_train: int,
+                 val_set: list[tuple[list[int], list[int]]]) -> None:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        model: Any = AutoModelForCausalLM.from_pretrained(str(base), dtype=dtype)
+        model.to(device)
+        model.config.use_cache = False
+        config = LoraConfig(r=recipe.rank, lora_alpha=recipe.alpha, lora_dropout=recipe.dropout,
+                            target_modules=list(recipe.target_modules), task_type="CAUSAL_LM")
+        self.model: Any = get_peft_model(model, config)
+        self.recipe, self.device, self.val_set = recipe, device, val_set
+        self.trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self.steps_per_epoch = math.ceil(n_train / recipe.batch_size)
+        total_steps = self.steps_per_epoch * recipe.epochs
+        if recipe.max_steps:
+            total_steps = min(total_steps, recipe.max_steps)
+        warmup = max(1, math.ceil(recipe.warmup_ratio * total_steps))
+        self.total_steps, self.warmup, self.step = total_steps, warmup, 0
+        self.optimiser = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                           lr=recipe.learning_rate)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimiser,
+            lambda s: (s + 1) / warmup if s < warmup else max(0.0, (total_steps - s) / max(1, total_steps - warmup)))
+
+    def loss_of(self, ids: list[int], labels: list[int]) -> Any:
+        return response_loss(self.model, ids, labels, self.device)
+
+    def validate(self) -> float | None:
+        """Mean validation loss (None without validation traces)."""
+        import torch
+
+        if not self.val_set:
+            return None
+        self.model.eval()
+        with torch.no_grad():
+            total = sum(float(self.loss_of(i, lab)) for i, lab in self.val_set)
+        self.model.train()
+        return round(total / len(self.val_set), 4)
+
+    def batch(self, examples: list[tuple[list[int], list[int]]]) -> float:
+        """One optimiser step over ``examples`` (gradients accumulated); its loss."""
+        import torch
+
+        self.optimiser.zero_grad()
+        batch_loss = 0.0
+        for ids, labels in examples:
+            loss = self.loss_of(ids, labels) / len(examples)
+            loss.backward()
+            batch_loss += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.max_grad_norm)
+        self.optimiser.step()
+        self.scheduler.step()
+        self.step += 1
+        return batch_loss
+
+    def run(self, train_set: list[tuple[list[int], list[int]]], out: Path, desc: str,
+            progress: bool) -> tuple[list[dict[str, Any]], int, list[float]]:
+        """The epochs, each saved as a checkpoint under ``out``: the history, the best epoch (lowest validation
+        loss, else training loss) and each step's seconds."""
+        from tqdm import tqdm
+
+        history: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "val_loss": self.validate()}]
+        best: tuple[float, int] | None = None
+        step_seconds: list[float] = []
+        bar = tqdm(total=self.total_steps, desc=desc, unit="step", file=sys.stderr, disable=not progress)
+        self.model.train()
+        out.mkdir(parents=True, exist_ok=True)
+        for epoch in range(1, self.recipe.epochs + 1):
+            if self.step >= self.total_steps:
+                break
+            order = list(range(len(train_set)))
+            random.shuffle(order)
+            losses: list[float] = []
+            for start in range(0, len(order), self.recipe.batch_size):
+                if self.step >= self.total_steps:
+                    break
+                t0 = time.perf_counter()
+                batch_loss = self.batch([train_set[i] for i in order[start:start + self.recipe.batch_size]])
+                losses.append(batch_loss)
+                step_seconds.append(time.perf_counter() - t0)
+                bar.update(1)
+                bar.set_postfix(loss=f"{batch_loss:.3f}")
+            val = self.validate()
+            checkpoint = out / f"checkpoint-epoch{epoch}"
+            self.model.save_pretrained(str(checkpoint))
+            history.append({"epoch": epoch, "step": self.step,
+                            "train_loss": round(sum(losses) / max(1, len(losses)), 4), "val_loss": val,
+                            "checkpoint": checkpoint.name})
+            score = val if val is not None else history[-1]["train_loss"]
+            if best is None or score < best[0]:
+                best = (score, epoch)
+        bar.close()
+        assert best is not None
+        return history, best[1], step_seconds

@@ -1,4 +1,4 @@
-"""``stam train``: teacher traces and LoRA adapters for the write modules (stam/training)."""
+"""``stam train``: teacher traces and LoRA adapters for the write modules (lab/stam_lab/training)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _default_notes_dir() -> Path:
 
 
 def cmd_traces(args: argparse.Namespace) -> int:
-    from stam.training.teacher import NOTES_FILE, collect, excluded_patients
+    from stam_lab.training.teacher import NOTES_FILE, collect, excluded_patients
 
     notes_dir = args.notes_dir or _default_notes_dir()
     if not (notes_dir / NOTES_FILE).is_file():
@@ -91,7 +91,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 def cmd_lora(args: argparse.Namespace) -> int:
     from stam.errors import TrainingError, WeightsError
     from stam.llm.convert import ensure_hf
-    from stam.training.lora import Recipe, check_traces, train
+    from stam_lab.training.lora import Recipe, check_traces, train
 
     try:
         check_traces(args.module, args.traces)
@@ -151,7 +151,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="go on with the unfinished run in --out (same options): finished patients are kept "
                    "(Ctrl-C or SIGTERM stops a run after the current entries)")
     t.set_defaults(fn=cmd_traces)
-    from stam.training.lora import Recipe
+    from stam_lab.training.lora import Recipe
 
     r = Recipe()
     lo = tsub.add_parser("lora", help="train one write module's LoRA adapter on traces (peft)",
