@@ -37,8 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from stam_lab.eval.provenance import stamp
 from stam.transport import kafka_consumer, kafka_producer, redis_client
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -18,10 +18,10 @@ import numpy as np
 from schemas import Store
 from stam.config import Settings
 from stam.erase import Report, erase_milvus, parquet_strings
-from stam_lab.eval.provenance import stamp
 from stam.stores.base import VectorRow
 from stam.stores.milvus import MilvusVectorStore
 from stam.transport import local_redis_client
+from stam_lab.eval.provenance import stamp
 
 
 def _holds(root: Path, needle: bytes) -> int:

@@ -61,9 +61,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.write_path import CpuMeter, hist_quantile, vmhwm_mb
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.transport import kafka_consumer
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.write_path import DATA, REPO, CpuMeter
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
+from stam_lab.eval.provenance import stamp
 
 WARM_PATIENT = "idle-warmup"
 WARM_BUNDLE = "7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"  # its first entry, as another patient

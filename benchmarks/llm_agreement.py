@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.llm_notes import match
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
+from stam_lab.eval.provenance import stamp
 from tests.conftest import DATA
 
 BULK = DATA / "synthea-bulk-10p"

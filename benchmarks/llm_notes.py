@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
+from stam_lab.eval.provenance import stamp
 from stam_lab.training.teacher import HISTORY_TYPES
 from tests.conftest import DATA
 

@@ -24,9 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.serving.check import stop, wait_up
+from stam_lab.eval.provenance import stamp
 from tests.conftest import DATA
 
 NOTES = DATA / "synthea-bulk-10p" / "DocumentReference.000.ndjson"

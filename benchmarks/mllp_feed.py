@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.write_path import DATA, REPO
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
+from stam_lab.eval.provenance import stamp
 
 SAMPLES = DATA / "hl7v2-samples"
 

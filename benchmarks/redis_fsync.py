@@ -21,11 +21,11 @@ from typing import Any
 import redis
 
 from schemas import AtomicMemory, Category, Store
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.rebuild import replay
 from stam.stores.base import Commit
 from stam.stores.redis_state import RedisStateStore
+from stam_lab.eval.provenance import stamp
 
 
 def _server(home: Path, fsync: str) -> tuple[subprocess.Popen[bytes], int]:

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
 from stam.transport import local_redis_client
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "timeline-benchmark-token"

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from stam_lab.eval.provenance import stamp
 from stam.net import free_port
+from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("STAM_SHARED_DATA", REPO.parent / "shared" / "data"))
