@@ -37,14 +37,14 @@ import numpy as np
 
 from schemas import Store, StoredMemory
 from schemas.query import QueryRequest
+from stam.backends import rows
+from stam.backends.redis_cache import RedisVectorCache
 from stam.compose import local_query_service
 from stam.embedding import Embedder
 from stam.read.asof import state_at_time
 from stam.sources.mimic import TABLES
-from stam.stores import rows
-from stam.stores.redis_cache import RedisVectorCache
 from stam_lab.eval.provenance import stamp
-from stam_lab.eval.state import replay_mimic
+from stam_lab.eval.state_eval import replay_mimic
 
 MIMIC = Path(__file__).resolve().parents[2] / "shared" / "data" / "mimic-iv-demo-2.2"
 

@@ -196,8 +196,8 @@ def _vectors_agree(stack: Stack) -> dict[str, int]:
 
 
 def _states(stack: Stack) -> dict[str, dict[str, Any]]:
+    from stam.backends.redis_state import RedisStateStore
     from stam.export import export_state
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(stack.settings), prefix=stack.settings.collection_prefix)
@@ -412,9 +412,9 @@ def erasure_section(work: Path) -> dict[str, Any]:
     """Three real patients through the stack; ``stam erase`` one; an independent scan of Redis, Milvus, every topic
     from offset 0 and every file under STAM_HOME finds neither its id nor sample texts; the other patients' exports
     are unchanged byte for byte."""
+    from stam.backends.redis_state import RedisStateStore
     from stam.erase import pick_samples, scan
     from stam.export import export_state
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     paths = sorted(BUNDLES.glob("*.json"))[4:7]

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from schemas import Store
+from stam.backends.base import VectorRow
+from stam.backends.milvus import MilvusVectorStore
 from stam.config import Settings
 from stam.erase import Report, erase_milvus, parquet_strings
-from stam.stores.base import VectorRow
-from stam.stores.milvus import MilvusVectorStore
 from stam.transport import local_redis_client
 from stam_lab.eval.provenance import stamp
 

@@ -321,7 +321,7 @@ class Vocabulary:
 
     def share(self, client: Any, prefix: str) -> None:
         """Put the vectors in the shared concept cache of the Redis behind ``client`` (keys under ``prefix``)."""
-        from stam.stores.redis_cache import RedisVectorCache
+        from stam.backends.redis_cache import RedisVectorCache
 
         self.embedder.shared = RedisVectorCache(client, prefix=prefix)
         self.embedder.share(self.texts, self.vectors)

@@ -155,7 +155,7 @@ def held_out_entries(args: argparse.Namespace) -> list[Any]:
 def extract_row(client: Any, models: dict[str, str], entry: Any) -> dict[str, Any]:
     """One note's extraction by the served model: its facts (or the error), seconds and token usage."""
     from stam.errors import ReasoningError
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
 
     one = ModelReasoner(client, parallel=1, models=models)  # its own usage: tokens per note, kept on resume
     t = time.perf_counter()
@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     from ray import serve
 
     from stam.llm.client import LLMClient
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
     from stam.reasoning.traces import read_traces
     from stam.serving.app import run as serve_app
     from stam.serving.config import ServingConfig

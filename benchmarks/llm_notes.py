@@ -127,7 +127,7 @@ def start(args: argparse.Namespace) -> Bench:
     from stam.llm.weights import ensure_gguf
     from stam.reasoning.base import Router
     from stam.reasoning.coded import CodedReasoner
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
     from stam.serving.app import run
     from stam.serving.config import ServingConfig
 

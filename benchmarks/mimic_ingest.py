@@ -45,11 +45,11 @@ def main() -> None:
     subjects = args.subjects.split(",") if args.subjects else None
     tables = args.tables.split(",") if args.tables else None
 
+    from stam.backends.redis_state import RedisStateStore
     from stam.cli import consume_transitions
     from stam.export import export_state
     from stam.publish import publish_paths
     from stam.sources.mimic import iter_mimic, poe_check
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     tmp = tempfile.TemporaryDirectory(prefix="stam-mimic-") if args.home is None else None

@@ -51,14 +51,14 @@ import redis
 from benchmarks.synthetic import Chain, Concept, build_patient, plan_patient, question, vocabulary
 from schemas.query import GateMode, QueryRequest
 from stam import stack
+from stam.backends.base import Commit
+from stam.backends.milvus import MilvusVectorStore
+from stam.backends.redis_cache import RedisVectorCache
+from stam.backends.redis_state import RedisStateStore
 from stam.embedding import Embedder
-from stam.read.gate import DEFAULT_THRESHOLD, StoreGate
 from stam.read.service import QueryService, TimelineCache
+from stam.read.store_gate import DEFAULT_THRESHOLD, StoreGate
 from stam.read.tokens import Tokenizer, load_tokenizer
-from stam.stores.base import Commit
-from stam.stores.milvus import MilvusVectorStore
-from stam.stores.redis_cache import RedisVectorCache
-from stam.stores.redis_state import RedisStateStore
 from stam_lab.eval.provenance import stamp
 
 ARMS = (GateMode.AUTO, GateMode.ACTIVE, GateMode.BOTH)

@@ -21,10 +21,10 @@ from typing import Any
 import redis
 
 from schemas import AtomicMemory, Category, Store
+from stam.backends.base import Commit
+from stam.backends.redis_state import RedisStateStore
 from stam.net import free_port
 from stam.rebuild import replay
-from stam.stores.base import Commit
-from stam.stores.redis_state import RedisStateStore
 from stam_lab.eval.provenance import stamp
 
 

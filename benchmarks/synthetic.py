@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from schemas import AtomicMemory, Category, CodeSystem, Coding, Reason, Relation, RelationType, Store
+from stam.backends.base import VectorRow
 from stam.ids import memory_id
-from stam.state import PatientState
-from stam.stores.base import VectorRow
+from stam.patient_state import PatientState
 
 # name, unit, mean, sd, decimals
 LABS: tuple[tuple[str, str, float, float, int], ...] = (

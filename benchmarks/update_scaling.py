@@ -51,7 +51,7 @@ def main() -> None:
     from stam.compose import local_deps
     from stam.sources.mimic import iter_mimic
     from stam.stages import extract_stage, update_batch
-    from stam_lab.eval.state import impact_channels, make_router
+    from stam_lab.eval.state_eval import impact_channels, make_router
 
     t0 = time.monotonic()
     # One read of the folder: keep only the batches that can still be among the smallest or the largest.

@@ -4,13 +4,6 @@ Topic payloads only; the memory model's behaviour lives in the ``stam`` package.
 """
 
 from schemas.audit import ErasureReceipt, ErasureVerification
-from schemas.common import (
-    WIRE_VERSION,
-    Category,
-    CodeSystem,
-    Coding,
-    Store,
-)
 from schemas.entry import Quantity, RecordEntry, Reference
 from schemas.memory import AtomicMemory, Relation, Span, StoredMemory
 from schemas.pipeline import (
@@ -40,6 +33,13 @@ from schemas.vocabulary import (
     Reason,
     ReferenceRole,
     RelationType,
+)
+from schemas.wire import (
+    WIRE_VERSION,
+    Category,
+    CodeSystem,
+    Coding,
+    Store,
 )
 
 __all__ = [

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from schemas.common import AwareDatetime, NonEmptyStr, SchemaVersion, WireModel
+from schemas.wire import AwareDatetime, NonEmptyStr, SchemaVersion, WireModel
 
 
 class ErasureVerification(WireModel):

@@ -6,9 +6,9 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from schemas.common import AwareDatetime, Coding, NonEmptyStr, SchemaVersion, WireModel
 from schemas.limits import MAX_ENTRY_BYTES, MAX_TEXT_CHARS, EntryId, PatientId
 from schemas.vocabulary import Lifecycle
+from schemas.wire import AwareDatetime, Coding, NonEmptyStr, SchemaVersion, WireModel
 
 
 class Reference(WireModel):

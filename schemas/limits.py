@@ -9,7 +9,7 @@ the broker limit; one that still does not fit is dead-lettered by the stage that
 Ids (``patient_id``, ``entry_id``, ``source_ref``) are printable ASCII (space to ``~``), without leading or
 trailing space; ``patient_id`` fits Milvus's ``VARCHAR(256)`` partition-key field with room to spare. Ids may
 still hold characters that mean something to a store (``:``, ``{``, ``*``, ``[``, quotes, backslashes):
-every key and filter built from an id escapes it (``stam.stores``).
+every key and filter built from an id escapes it (``stam.backends``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from schemas.common import (
+from schemas.vocabulary import DIRECTED_RELATIONS, Lifecycle, Reason, RelationType
+from schemas.wire import (
     AwareDatetime,
     Category,
     Coding,
@@ -13,7 +14,6 @@ from schemas.common import (
     Store,
     WireModel,
 )
-from schemas.vocabulary import DIRECTED_RELATIONS, Lifecycle, Reason, RelationType
 
 
 class Span(WireModel):

@@ -6,10 +6,10 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
-from schemas.common import AwareDatetime, NonEmptyStr, SchemaVersion, Store, WireModel
 from schemas.entry import RecordEntry
 from schemas.memory import AtomicMemory, Relation
 from schemas.vocabulary import Reason, RelationType
+from schemas.wire import AwareDatetime, NonEmptyStr, SchemaVersion, Store, WireModel
 
 
 class ExtractedEntry(WireModel):

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from schemas.common import AwareDatetime, Category, NonEmptyStr, SchemaVersion, Store, WireModel
 from schemas.vocabulary import Reason
+from schemas.wire import AwareDatetime, Category, NonEmptyStr, SchemaVersion, Store, WireModel
 
 ErrorKind = Literal["not_found", "invalid", "unavailable", "internal"]
 """Why a query was not answered (``QueryAnswer.error_kind``); HTTP maps them to 404, 400, 503, 500."""

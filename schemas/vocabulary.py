@@ -21,7 +21,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from schemas.common import Category
+from schemas.wire import Category
 
 
 # Row: value, directed (reads source -> target), weight (of an edge of this type, 0-1), prompt (what the link

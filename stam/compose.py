@@ -17,26 +17,26 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schemas import Channel
+from stam.backends.base import VectorStore
+from stam.backends.milvus import MilvusVectorStore
+from stam.backends.projection import VectorProjection
+from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.embedding import Embedder, deployment_embedder
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.stages import Deps, StageParams
-from stam.stores.base import VectorStore
-from stam.stores.milvus import MilvusVectorStore
-from stam.stores.projection import VectorProjection
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import local_redis_client, milvus_token, redis_client
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from schemas import TransitionEvent
+    from stam.backends.base import StateStore
     from stam.crypto import Sealer
-    from stam.read.gate import StoreGate
     from stam.read.service import QueryService, TimelineCache
+    from stam.read.store_gate import StoreGate
     from stam.read.tokens import Tokenizer
-    from stam.stores.base import StateStore
 
 log = logging.getLogger("stam.workers")
 
@@ -50,7 +50,7 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
                         "one memory each, not decomposed into atomic facts")
         return Router(CodedReasoner())
     from stam.llm.client import LLMClient
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
 
     client = LLMClient(settings.llm_url, settings.llm_model,
                        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "",
@@ -115,9 +115,9 @@ def build_query_service(settings: Settings, deps: Deps, sealer: Sealer) -> Query
     calibrated store gate, the timeline cache, the reader named by ``STAM_READER_URL`` (none: packets only) and
     the transition log for ``as_of`` queries (opened with ``sealer``)."""
     from stam.read.asof import read_patient_transitions
-    from stam.read.gate import load_gate
     from stam.read.reader import OpenAIReader
     from stam.read.service import QueryService, TimelineCache
+    from stam.read.store_gate import load_gate
     from stam.read.tokens import load_tokenizer
 
     reader = None
@@ -143,8 +143,8 @@ def local_query_service(deps: Deps, *, embedder: Embedder | None = None, tokeniz
     """A query service over ``deps`` for evaluation, benchmarks and tests: the deps' embedder and states unless
     given (an evaluation may read through another view of the states), the packaged MiniLM tokenizer, the
     default store gate, no reader."""
-    from stam.read.gate import StoreGate
     from stam.read.service import QueryService
+    from stam.read.store_gate import StoreGate
     from stam.read.tokens import load_tokenizer
 
     return QueryService(states=states or deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,

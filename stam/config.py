@@ -14,7 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_GATE_THRESHOLD = 0.219
-"""The store gate's margin threshold (:mod:`stam.read.gate`), here so that the settings need not import the read
+"""The store gate's margin threshold (:mod:`stam.read.store_gate`), here so that the settings need not import the read
 path. Calibrated with the 0.5B reader (``stam eval gate --mimic ... --split train --synthea ... --limit 120``,
 lambda 0.2, MIMIC-QA train and Synthea together): HISTORY skipped for 33% of questions at 3.0% disagreement
 (lambda 0.1: threshold -0.012, 3% skipped, 0 disagreement). Questions that ask for the past are served HISTORY by
@@ -165,7 +165,8 @@ class Settings(BaseSettings):
     query_token: SecretStr | None = Field(
         default=None, description="Bearer token the query HTTP endpoint requires; unset: HTTP refuses to answer")
     gate_threshold: float = Field(default=DEFAULT_GATE_THRESHOLD, description="Store-gate margin threshold when no gate "
-                                  "file exists (the default was calibrated with `stam eval gate`, see stam/read/gate.py)")
+                                  "file exists (the default was calibrated with `stam eval gate`, see "
+                                  "stam/read/store_gate.py)")
     gate_file: Path | None = Field(default=None, description="Calibrated gate (stam gate calibrate); empty: "
                                    "<home>/gate.json")
     tokenizer: str = Field(default="", description="Tokenizer that counts packet tokens; empty: the "

@@ -30,10 +30,10 @@ from pydantic import BaseModel, ValidationError
 
 from schemas import DeadLetter, ExtractedEntry, ImpactedEntry, LinkedEntry, RecordEntry
 from schemas.query import RecordGap
+from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.crypto import Sealer, sealer_for
 from stam.errors import DeadLetterError, Erased, SealBroken
-from stam.stores.redis_state import RedisStateStore
 from topology import topics as t
 
 MAX_ID = 512

@@ -17,10 +17,10 @@ import numpy as np
 import redis
 
 from schemas import AtomicMemory
+from stam.backends.redis_cache import RedisVectorCache
 from stam.cache import LRU
 from stam.config import Settings
 from stam.ids import digest
-from stam.stores.redis_cache import RedisVectorCache
 
 MINILM = "all-MiniLM-L6-v2"
 

@@ -6,7 +6,7 @@
 - Everything else under :class:`StamError` is a user's or operator's mistake (refused with one line on the
   command line) or a configuration error (the process stops, saying what to fix).
 - Any other exception inside a stage is a bug: the partition stops and an alert metric rises, nothing is
-  dead-lettered silently (``workers.common.classify``).
+  dead-lettered silently (``workers.stage_agent.classify``).
 
 Define a new error here, never in the module that raises it.
 """
@@ -80,7 +80,7 @@ class StateRolledBack(Transient):
 
 class LLMUnavailable(Transient, ConnectionError):
     """The endpoint could not be reached or kept failing (timeouts, 429, 5xx) through the retry budget: an
-    outage, not the entry's fault, so the worker holds the partition and retries (``workers.common``)."""
+    outage, not the entry's fault, so the worker holds the partition and retries (``workers.stage_agent``)."""
 
 
 class ListenerUnavailable(Transient):

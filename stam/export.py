@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from schemas import Store, StoredMemory
-from stam.state import PatientState, lifecycle_of
+from stam.patient_state import PatientState, lifecycle_of
 
 EXPORT_VERSION = 1
 _EPOCH = datetime(1, 1, 1, tzinfo=UTC)

@@ -17,7 +17,7 @@ in the same commit and on the same transition log:
   in-progress) reinstates what the encounter's end archived, each by a ``restored`` transition;
 - **states** and **measurements** keep the reasoner's rules (current until an entry ends them; the latest value).
 
-The patient's clinical clock (:attr:`stam.state.PatientState.clock`) is the latest clinical time any memory of the
+The patient's clinical clock (:attr:`stam.patient_state.PatientState.clock`) is the latest clinical time any memory of the
 patient is evidence at (a current fact's start, an ended fact's end; the same notion point-in-time reads use). It
 moves only forward and only with the record: no wall clock takes part, so a replay of the same entries decides the
 same endings. Where the record gives no end (an order without an encounter, an interval without an end time), the
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from schemas import AtomicMemory, Reason, Store
-from stam.state import PatientState, is_encounter_record, lifecycle_of
+from stam.patient_state import PatientState, is_encounter_record, lifecycle_of
 
 ENDED_STATUSES = frozenset({"finished", "discharged", "completed"})
 """Statuses with which an encounter's own record says the encounter is over (FHIR ``finished``, HL7 A03)."""

@@ -20,7 +20,7 @@ from schemas import DeadLetter, RecordEntry
 from schemas.limits import MAX_ENTRY_BYTES
 from stam.config import Settings
 from stam.crypto import Sealer, sealer_for
-from stam.deadletter import bounded_value
+from stam.deadletter_payload import bounded_value
 from stam.deadletters import subject
 from stam.errors import InputRefused, MessageTooLarge, SourceError
 from stam.integrity import source_keys

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from schemas import LIFECYCLE_REASONS, Store, TransitionEvent, TransitionKind
+from stam.backends.base import Commit, VectorRow
 from stam.embedding import memory_vectors
+from stam.patient_state import PatientState
 from stam.stages import Deps
-from stam.state import PatientState
-from stam.stores.base import Commit, VectorRow
 
 
 def replay(patient_id: str, events: Iterable[TransitionEvent]) -> PatientState:

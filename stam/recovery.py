@@ -9,7 +9,7 @@ The write path's promise rests on three facts:
    recognises an applied entry and republishes its outbox with the same transition ids.
 2. **The state store's durability is checked, not assumed.** Before each offset commit the worker waits for
    the store's fsync window (``appendfsync everysec``: 2 s; ``always``: none) and writes a **checkpoint**
-   (the store's epoch and write counter, :mod:`stam.stores.redis_state`) to the checkpoints topic.
+   (the store's epoch and write counter, :mod:`stam.backends.redis_state`) to the checkpoints topic.
 3. **A store that went backwards is detected and rebuilt.** A store that lost writes (no append-only file, a
    restore from an older backup, an asynchronous failover) shows a lower write counter or another epoch than
    the last checkpoint, or than the worker itself saw: commits refuse (``StateRolledBack``), and the worker

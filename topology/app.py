@@ -63,7 +63,7 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
         web_host=host,
         web_bind=host,
         producer_linger_ms=5,
-        producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.common)
+        producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.stage_agent)
         # Offsets are committed by Faust's commit timer only (every broker_commit_interval), never inline: Faust
         # commits inline from its fetch loop after broker_commit_every acks, and a commit first waits out Redis's
         # fsync window (stam.recovery.install; 2 s with appendfsync everysec), so an inline commit every 200 acks

@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict
 from schemas import ExtractedEntry, RecordEntry
 from stam.integrity import source_keys
 from stam.stages import Deps, extract_signed_batch
-from workers.common import forward_batches
 from workers.runtime import Runtime
+from workers.stage_agent import forward_batches
 
 
 class VerifiedEntry(BaseModel):

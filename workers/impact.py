@@ -8,8 +8,8 @@ import faust
 
 from schemas import LinkedEntry
 from stam.stages import impact_batch
-from workers.common import forward_batches
 from workers.runtime import Runtime
+from workers.stage_agent import forward_batches
 
 
 def register(app: faust.App, runtime: Runtime) -> Any:

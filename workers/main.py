@@ -2,7 +2,7 @@
 
 ``stages`` picks a subset (``stam worker --stages extract,link``): each stage reads its own topic and writes the
 next, so a deployment may run each stage group in processes of its own; give each group its own consumer group
-(``STAM_APP_ID``). Impact and update in one process keep the impact projection warm (stam/stores/projection.py);
+(``STAM_APP_ID``). Impact and update in one process keep the impact projection warm (stam/backends/projection.py);
 apart, the impact process reloads a patient's vectors from Milvus when the state moved (same results, slower).
 """
 
@@ -25,10 +25,10 @@ from topology import topics as t
 from topology.admin import unprocessed
 from topology.app import create_app
 from workers import extract, impact, link, update
-from workers.common import background_failed
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
+from workers.stage_agent import background_failed
 
 log = logging.getLogger("stam.workers")
 

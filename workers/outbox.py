@@ -17,8 +17,8 @@ from typing import Any
 from stam.errors import MessageTooLarge
 from stam.stage_thread import STAGE_THREAD
 from stam.stages import decode_outbox
-from workers.common import background_failed, seal, send_bytes
 from workers.runtime import Runtime
+from workers.stage_agent import background_failed, seal, send_bytes
 
 log = logging.getLogger("stam.workers")
 

@@ -15,7 +15,7 @@ from schemas import DeadLetter
 from stam.compose import build_deps
 from stam.config import Settings
 from stam.crypto import Sealer, sealer_for
-from stam.deadletter import bounded_key, bounded_value
+from stam.deadletter_payload import bounded_key, bounded_value
 from stam.metrics import DEAD_LETTERS
 from stam.recovery import Durability
 from stam.stage_thread import STAGE_THREAD
@@ -54,7 +54,7 @@ class Runtime:
 
     async def dead_letter(self, event: faust.EventT[Any], stage: str, exc: BaseException,
                           opened: bytes | None = None) -> None:
-        """Publish the message (or a bounded excerpt, digest and size: ``stam.deadletter``) with the stage, the
+        """Publish the message (or a bounded excerpt, digest and size: ``stam.deadletter_payload``) with the stage, the
         error and where the message is (topic/partition/offset); log where it came from (no patient ids).
 
         ``opened``: the message's plaintext when its envelope was opened. The letter then holds the plaintext,

@@ -15,8 +15,8 @@ from aiokafka.partitioner import DefaultPartitioner
 from stam.deletion.gate import Gate
 from stam.deletion.sweep import orders, scan
 from stam.stage_thread import STAGE_THREAD
-from workers.common import background_failed, seal, send_bytes
 from workers.runtime import Runtime
+from workers.stage_agent import background_failed, seal, send_bytes
 
 log = logging.getLogger("stam.workers")
 

@@ -29,10 +29,10 @@ from stam.errors import MessageTooLarge, StateRolledBack
 from stam.metrics import ARCHIVE_REFUSED, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
 from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps, UpdateResult, deferred_to_update, delete_batch, update_batch
-from workers.common import OUTPUT_LIMIT, background_failed, run_batch, seal, send_bytes
 from workers.extract import VerifiedEntry, extract_verified, verifier
 from workers.outbox import DeliveredOutboxes, Republisher
 from workers.runtime import Runtime
+from workers.stage_agent import OUTPUT_LIMIT, background_failed, run_batch, seal, send_bytes
 from workers.sweep import ScheduledSweep
 
 log = logging.getLogger("stam.workers")

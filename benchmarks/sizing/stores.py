@@ -23,7 +23,7 @@ ASSUMED_REPLAY: dict[str, float] = {
     "transition_json_bytes": 936.6, "entry_json_bytes": 722.6,
 }
 
-# Milvus schema (stam/stores/milvus.py): memory_id VARCHAR(64) primary, patient_id VARCHAR(256) partition key,
+# Milvus schema (stam/backends/milvus.py): memory_id VARCHAR(64) primary, patient_id VARCHAR(256) partition key,
 # store VARCHAR(16), vector FLOAT_VECTOR(384); FLAT COSINE index. Milvus adds a row id and a timestamp (int64 each).
 EMBED_DIM = 384
 MEMORY_ID_LEN = 26  # "m-" + 24 hex, as in the replay

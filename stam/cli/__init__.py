@@ -47,14 +47,14 @@ from stam.cli import (
     lab,
     listen,
     publish,
-    query,
+    read_path,
     serve,
     stack,
     state,
     transitions,
     worker,
 )
-from stam.cli.common import load_settings, one_line
+from stam.cli.context import load_settings, one_line
 from stam.cli.transitions import consume_transitions
 from stam.config import Settings
 
@@ -62,7 +62,7 @@ __all__ = ["GROUPS", "consume_transitions", "build_parser", "load_settings", "ma
 
 # One module per command group; each adds its commands with register(subparsers). In this order (the order of
 # `stam --help`), then the lab part's commands (stam/cli/lab.py: registered from the lab where it is installed).
-GROUPS = (stack, worker, publish, listen, query, serve, transitions, state, deadletters, erasure, deletion, demo)
+GROUPS = (stack, worker, publish, listen, read_path, serve, transitions, state, deadletters, erasure, deletion, demo)
 
 
 def version() -> str:

@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from stam.cli.common import load_settings, one_line, table
+from stam.cli.context import load_settings, one_line, table
 
 
 def cmd_deadletters(args: argparse.Namespace) -> int:
@@ -20,8 +20,8 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
     from stam import deadletters as dl
+    from stam.backends.redis_state import RedisStateStore
     from stam.errors import DeadLetterError
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import emit_report, table
+from stam.cli.context import emit_report, table
 from stam.cli.lab import register as register_lab
 
 GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the concept types the gate meets are "
@@ -31,10 +31,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
-    from stam.cli.common import load_settings
+    from stam.backends.redis_state import RedisStateStore
+    from stam.cli.context import load_settings
     from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
     from stam.embedding import Embedder
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     settings = load_settings(needs=("redis",) if args.dry_run else ("redis", "broker"))

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import load_settings, query_service, stack_env
+from stam.cli.context import load_settings, query_service, stack_env
 from stam.cli.transitions import consume_transitions
 from stam.config import Settings
 from stam.net import free_port
@@ -96,8 +96,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
         print("5/7 the patient's memory now:\n")
+        from stam.backends.redis_state import RedisStateStore
         from stam.export import render_text
-        from stam.stores.redis_state import RedisStateStore
         from stam.transport import redis_client
 
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
@@ -151,7 +151,7 @@ def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
     asyncio.run(publish())
     counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
                                               timeout=timeout, show=False, show_entries=discharges))
-    from stam.stores.redis_state import RedisStateStore
+    from stam.backends.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(DEMO_ADMISSION)

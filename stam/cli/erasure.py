@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 from stam.config import Settings
 
 

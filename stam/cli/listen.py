@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 
 
 async def _serve(listener: Any, settings: Any, announce: bool) -> None:
@@ -93,11 +93,11 @@ async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
 
     from aiohttp import web
 
+    from stam.backends.redis_state import RedisStateStore
     from stam.crypto import sealer_for
     from stam.fhir.notifier import Notifier, base_url
     from stam.fhir.server import make_app
     from stam.fhir.store import SubscriptionStore
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
     from workers.ops import Readiness
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Any
 
-from stam.cli.common import LazyBar, load_settings
+from stam.cli.context import LazyBar, load_settings
 from stam.sources.base import format_names
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 

@@ -7,7 +7,7 @@ import asyncio
 import json
 import sys
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 from stam.config import Settings
 
 

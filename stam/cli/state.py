@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -20,9 +20,9 @@ def cmd_state(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))  # first: no stack, no imports of the stores
 
+    from stam.backends.redis_state import RedisStateStore
     from stam.deadletters import gap_line
     from stam.export import export_state, render_text
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)
@@ -60,8 +60,8 @@ def cmd_state_html(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))
 
+    from stam.backends.redis_state import RedisStateStore
     from stam.deadletters import gap_line
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix)

@@ -9,7 +9,7 @@ import logging
 import time
 from typing import Any
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 from stam.config import Settings
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from stam.cli.common import load_settings
+from stam.cli.context import load_settings
 
 
 def cmd_worker(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from enum import StrEnum
 
 from schemas import Store, StoredMemory
 from stam.deletion.labels import Endurance, code_label
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 class Keep(StrEnum):

@@ -20,7 +20,7 @@ from stam.deletion.gate import Gate, GateSpec, calibration_id
 from stam.deletion.judge import Label, by_type, code_labels, judge_type
 from stam.deletion.labels import Endurance
 from stam.deletion.scorer import render, split_types, train
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 def candidate_types(states: Iterable[PatientState]) -> tuple[dict[str, list[AtomicMemory]], dict[str, int]]:

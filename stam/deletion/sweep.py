@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 
 from schemas import DeletionOrder, DeletionVerdict, StoredMemory
+from stam.backends.base import StateStore
 from stam.deletion.candidates import select
 from stam.deletion.gate import Gate
 from stam.deletion.scorer import render
 from stam.ids import digest
-from stam.stores.base import StateStore
 
 ORDER_MAX_MEMORIES = 256
 """Memories per order: an order of 256 ids with verdicts stays far below the broker's message limit."""

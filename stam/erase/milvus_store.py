@@ -18,11 +18,11 @@ from typing import Any
 import redis
 
 from schemas import Store
+from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.embedding import deployment_embedder, memory_vectors
 from stam.erase.redis_store import key_name, state_key
 from stam.erase.register import Report
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import deployment_milvus_client
 
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import redis
 
+from stam.backends.redis_state import RedisStateStore
 from stam.erase.register import Report
 from stam.fhir.store import erase_patient_subscriptions
-from stam.stores.redis_state import RedisStateStore
 
 STATE_PARTS = ("ver", "graph", "glog", "mem", "tl", "src")
 

@@ -18,12 +18,12 @@ import redis
 
 from schemas import StoredMemory
 from stam import stack
+from stam.backends import redis_state
 from stam.config import Settings
 from stam.erase.files import home_files, parquet_strings, read_file
 from stam.erase.milvus_store import count_rows
 from stam.erase.redis_store import key_name, redis_keys, state_key
 from stam.erase.topics import Crypto, raw_topic_scan
-from stam.stores import redis_state
 from stam.transport import deployment_milvus_client, redis_client, socket_redis_client
 
 # --- sample texts ----------------------------------------------------------------------------------

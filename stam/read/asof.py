@@ -41,8 +41,8 @@ from typing import Any
 
 from schemas import LIFECYCLE_REASONS, AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
+from stam.patient_state import PatientState, is_encounter_record, lifecycle_of
 from stam.rebuild import replay
-from stam.state import PatientState, is_encounter_record, lifecycle_of
 
 
 def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version: int) -> PatientState:

@@ -25,9 +25,9 @@ from typing import Any
 
 from schemas import Store
 from schemas.query import GateMode, QueryRequest
-from stam.read.gate import GateSample
+from stam.backends.base import StateStore
 from stam.read.service import QueryService
-from stam.stores.base import StateStore
+from stam.read.store_gate import GateSample
 
 
 def load_set(path: Path) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ The read path serves what the write path knows (section 3.3 of the method, and t
 3. **The state at the question's time**: ``as_of`` (or a time the question names) is a view of the timeline at
    that clinical time, the same rules as a replay of the transition log; ``as_of_version`` replays the log to a
    position in the patient's stream. A ``visibility`` boundary leaves out evidence the query may not see.
-4. **The store gate** (:mod:`stam.read.gate`) decides whether HISTORY is served.
+4. **The store gate** (:mod:`stam.read.store_gate`) decides whether HISTORY is served.
 5. **Threads, not memories** (:mod:`stam.read.select`): concept threads ranked by the question, each filled by
    the intent; computed facts where the question names a concept.
 6. **Rendering** (:mod:`stam.read.render`): one compact block per thread, within ``token_budget``.
@@ -47,6 +47,7 @@ from schemas.query import (
     RecordGap,
     Visibility,
 )
+from stam.backends.base import StateStore, VectorStore
 from stam.cache import VersionedCache
 from stam.deadletters import gap_line
 from stam.embedding import Embedder
@@ -55,14 +56,13 @@ from stam.read.aggregate import select
 from stam.read.asof import state_at_version
 from stam.read.encounters import Stay, resolve
 from stam.read.failures import classify, failed_answer
-from stam.read.gate import StoreGate
 from stam.read.intent import Intent, parse
 from stam.read.reader import Reader
 from stam.read.render import header, render_block, render_packet
+from stam.read.store_gate import StoreGate
 from stam.read.threads import Pick, ThreadIndex
 from stam.read.timeline import Timeline, View, collector_paused, from_epoch
 from stam.read.tokens import Tokenizer
-from stam.stores.base import StateStore, VectorStore
 
 __all__ = ["NO_READER", "IsolationBreach", "QueryError", "QueryService", "UnsupportedQuery", "classify",
            "failed_answer"]

@@ -46,8 +46,8 @@ import orjson
 
 from schemas import Lifecycle, Store, StoredMemory
 from schemas.query import Visibility
+from stam.backends.rows import row_of
 from stam.errors import IsolationBreach
-from stam.stores.rows import row_of
 
 ACTIVE, ARCHIVED, PLACED = 0, 1, 2
 """Memory kinds: never archived; archived by later evidence; added straight to HISTORY."""
@@ -177,7 +177,7 @@ class Timeline:
 
     @classmethod
     def read(cls, states: Any, patient_id: str) -> Timeline:
-        """The patient's timeline from a state store (:class:`~stam.stores.base.StateStore`): its timeline rows, or
+        """The patient's timeline from a state store (:class:`~stam.backends.base.StateStore`): its timeline rows, or
         its records where a store keeps no rows. No vectors: :meth:`attach_vectors` adds them."""
         with collector_paused():
             got_rows = states.timeline_rows(patient_id)
@@ -187,7 +187,7 @@ class Timeline:
 
     @classmethod
     def from_rows(cls, patient_id: str, version: int, rows_in: Sequence[Sequence[Any]]) -> Timeline:
-        """From timeline rows (:mod:`stam.stores.rows`, what the state store keeps beside each record). Column
+        """From timeline rows (:mod:`stam.backends.rows`, what the state store keeps beside each record). Column
         by column (a patient of 20,000 memories is read at a first query: it must be quick)."""
         n = len(rows_in)
         if n == 0:

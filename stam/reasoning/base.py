@@ -23,7 +23,7 @@ from schemas import (
     UpdateDecision,
 )
 from stam.metrics import FREE_TEXT
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 class Impact(NamedTuple):

@@ -54,8 +54,8 @@ from schemas import (
 )
 from schemas.vocabulary import RELATION_WEIGHT as RELATION_WEIGHT  # its former home, kept importable
 from stam.ids import memory_id
+from stam.patient_state import PatientState, is_encounter_record, lifecycle_of
 from stam.reasoning.base import Candidate
-from stam.state import PatientState, is_encounter_record, lifecycle_of
 
 RESOURCE_CATEGORY: dict[str, Category] = {
     "Condition": Category.CONDITION,

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from schemas import DeletionOrder, Store, TransitionEvent, TransitionKind
+from stam.backends.base import Commit
 from stam.ids import transition_id
 from stam.stages.deps import Deps, UpdateResult
 from stam.stages.update import PatientWork, committed, decode_outbox
-from stam.stores.base import Commit
 
 
 @dataclass

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from schemas import Channel, TransitionEvent
+from stam.backends.base import StateStore, VectorStore
 from stam.embedding import Embedder
 from stam.reasoning.base import Router
-from stam.stores.base import StateStore, VectorStore
 
 
 def _utcnow() -> datetime:

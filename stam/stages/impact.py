@@ -21,12 +21,12 @@ from schemas import (
     RelationType,
     Store,
 )
+from stam.backends.base import Hit
 from stam.embedding import memory_vectors
+from stam.patient_state import PatientState
 from stam.reasoning.base import Impact
 from stam.stages.deps import Deps
 from stam.stages.link import link_relations
-from stam.state import PatientState
-from stam.stores.base import Hit
 
 
 def _semantic(memories: Sequence[AtomicMemory], vectors: np.ndarray, state: PatientState,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from schemas import AtomicMemory, ExtractedEntry, LinkedEntry, RecordEntry, Relation
+from stam.patient_state import PatientState
 from stam.stages.deps import Deps
-from stam.state import PatientState
 
 
 def link_relations(entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState,

@@ -23,17 +23,17 @@ from schemas import (
     TransitionKind,
 )
 from stam import lifecycle
+from stam.backends.base import Commit, VectorRow
 from stam.embedding import memory_vectors
 from stam.errors import ConcurrentUpdate, EntryIdCollision, ReasoningError
 from stam.ids import transition_id
 from stam.integrity import archive_refusal
+from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Impact
 from stam.stages.deps import Deps, UpdateResult
 from stam.stages.extract import extract_stage
 from stam.stages.impact import impact_candidates, impact_stage
 from stam.stages.link import link_relations, link_stage
-from stam.state import PatientState
-from stam.stores.base import Commit, VectorRow
 
 R = TypeVar("R")
 

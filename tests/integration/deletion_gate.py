@@ -14,7 +14,7 @@ from stam.deletion.candidates import select
 from stam.deletion.gate import Gate, GateSpec
 from stam.deletion.labels import concept_type
 from stam.deletion.scorer import render, train
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 def observation_gate(state: PatientState, embedder: Any, calibration_id: str, folder: Path | None = None) -> Gate:

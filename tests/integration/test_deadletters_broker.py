@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from schemas import DeadLetter
+from stam.backends.redis_state import RedisStateStore
 from stam.cli import main as stam
 from stam.deadletters import gap_of, letter_id
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import kafka_producer, redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from schemas import TransitionKind
+from stam.backends.milvus import MilvusVectorStore
+from stam.backends.redis_state import RedisStateStore
 from stam.embedding import Embedder
 from stam.export import export_state
 from stam.read.asof import read_patient_transitions
-from stam.stores.milvus import MilvusVectorStore
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import REPO, SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs

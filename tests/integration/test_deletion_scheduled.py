@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from schemas import Store, TransitionKind
+from stam.backends.redis_state import RedisStateStore
 from stam.compose import local_deps
 from stam.deletion.gate import Gate
 from stam.deletion.sweep import scan
@@ -23,7 +24,6 @@ from stam.embedding import Embedder
 from stam.net import free_port
 from stam.read.asof import read_patient_transitions
 from stam.stages import process_entry
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs

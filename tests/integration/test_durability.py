@@ -23,10 +23,10 @@ import pytest
 import redis
 
 from stam import stack
+from stam.backends.redis_state import RedisStateStore
 from stam.net import free_port
 from stam.rebuild import replay
 from stam.recovery import read_checkpoint, read_log
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _publish, collect_outputs
@@ -180,8 +180,8 @@ def test_reads_go_on_after_milvus_restarts_with_the_collection_released(stack_se
     import numpy as np
 
     from schemas import Store
-    from stam.stores.base import VectorRow
-    from stam.stores.milvus import MilvusVectorStore
+    from stam.backends.base import VectorRow
+    from stam.backends.milvus import MilvusVectorStore
 
     s = stack_settings
     vectors = MilvusVectorStore(s.milvus_uri, dim=8, prefix="restart")

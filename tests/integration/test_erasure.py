@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import redis
 
+from stam.backends.redis_state import RedisStateStore
 from stam.export import export_state
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import kafka_consumer, redis_client
 from tests.conftest import BUNDLES, REPO, SMALL_BUNDLE, SMALL_PATIENT, need_data
 from tests.integration.broker import _publish

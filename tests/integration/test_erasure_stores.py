@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from schemas import Store
+from stam.backends.base import VectorRow
+from stam.backends.milvus import MilvusVectorStore
 from stam.config import Settings
 from stam.erase import (
     Crypto,
@@ -25,8 +27,6 @@ from stam.erase import (
     redis_keys,
 )
 from stam.erase.verify import _milvus_dir
-from stam.stores.base import VectorRow
-from stam.stores.milvus import MilvusVectorStore
 from stam.transport import local_redis_client
 
 
@@ -43,7 +43,7 @@ def _keys(c: Any) -> set[str]:
 
 def _key(pid: str, part: str) -> str:
     """The state store's own key for a patient's part (ids are escaped inside key names)."""
-    from stam.stores.redis_state import RedisStateStore
+    from stam.backends.redis_state import RedisStateStore
 
     store = RedisStateStore(None)  # type: ignore[arg-type]
     if part.startswith("outbox:"):

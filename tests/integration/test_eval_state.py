@@ -20,7 +20,7 @@ PATIENT = "10019917"
 def reports(tmp_path_factory: Any, embedder: Any) -> dict[str, Any]:
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC} (set STAM_SHARED_DATA)")
-    from stam_lab.eval.state import evaluate_mimic
+    from stam_lab.eval.state_eval import evaluate_mimic
 
     work = tmp_path_factory.mktemp("eval")
     return {v: evaluate_mimic(MIMIC, subjects=[PATIENT], variant=v, workdir=Path(work), embedder=embedder)

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 
 from schemas import ImpactedEntry
+from stam.backends import redis_state
+from stam.backends.redis_state import RedisStateStore
 from stam.export import export_state
+from stam.patient_state import PatientState
 from stam.rebuild import replay
-from stam.state import PatientState
-from stam.stores import redis_state
-from stam.stores.redis_state import RedisStateStore
 from tests.conftest import DATA
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from schemas import Reason, Store
-from stam.stores.redis_state import RedisStateStore
+from stam.backends.redis_state import RedisStateStore
 from stam.transport import kafka_consumer, kafka_producer, redis_client
 from tests.conftest import SMALL_PATIENT
 from tests.integration.broker import _dead_letters, _publish, collect_outputs, opened
@@ -103,9 +103,9 @@ def test_rebuild_from_the_transitions_topic(stack_settings: Any, worker: Any, mo
                                             capsys: Any) -> None:
     """Runs after the pipeline test: erase the patient's Redis and Milvus projections, then rebuild them
     with `stam rebuild` from the transitions topic alone; the state is the same as before."""
+    from stam.backends.milvus import MilvusVectorStore
     from stam.cli import main
     from stam.export import export_state
-    from stam.stores.milvus import MilvusVectorStore
 
     s = stack_settings
     states = RedisStateStore(redis_client(s), prefix=s.collection_prefix)

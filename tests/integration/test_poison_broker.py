@@ -20,7 +20,7 @@ from aiokafka import TopicPartition
 from benchmarks.hostile import expected, hostile_files, hostile_inputs, hostile_key
 from schemas import RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES
-from stam.stores.redis_state import RedisStateStore
+from stam.backends.redis_state import RedisStateStore
 from stam.transport import kafka_consumer, kafka_producer, redis_client
 from tests.conftest import SMALL_BUNDLE, SMALL_PATIENT
 from tests.integration.broker import opened

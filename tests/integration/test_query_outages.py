@@ -28,8 +28,8 @@ from schemas.query import QueryAnswer, QueryRequest
 from stam.compose import local_query_service
 from stam.crypto import sealer_for
 from stam.net import free_port
-from stam.read.gate import StoreGate
 from stam.read.service import QueryService
+from stam.read.store_gate import StoreGate
 from stam.stages import process_entry
 from stam.transport import kafka_consumer, kafka_producer
 from tests.conftest import SMALL_PATIENT

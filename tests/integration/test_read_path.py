@@ -18,8 +18,8 @@ import pytest
 from schemas import Store, TransitionEvent
 from schemas.query import GateMode, QueryRequest, Visibility
 from stam.compose import local_query_service
-from stam.read.gate import StoreGate
 from stam.read.service import NO_READER, QueryService, TimelineCache
+from stam.read.store_gate import StoreGate
 from stam.sources.fhir_r4 import load_bundle
 from stam.stages import process_entry
 from tests.conftest import BUNDLES, SMALL_PATIENT
@@ -198,7 +198,7 @@ def test_a_query_never_returns_another_patients_memory(deps: Any, small_bundle: 
 
 def test_gate_calibration_on_a_labelled_set_from_real_state(loaded: Any, tmp_path: Any) -> None:
     from stam.read.calibrate import labelled_set, replay
-    from stam.read.gate import calibrate, load_gate, write_gate_file
+    from stam.read.store_gate import calibrate, load_gate, write_gate_file
 
     deps, _ = loaded
     items = labelled_set(deps.states, [SMALL_PATIENT], per_patient=200)

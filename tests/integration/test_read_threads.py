@@ -36,7 +36,7 @@ VALUE_TYPES = {"first_value", "last_value", "previous_value", "min_value", "max_
 def replayed(tmp_path_factory: pytest.TempPathFactory, embedder: Any) -> Iterator[Any]:
     if not MIMIC.is_dir():
         pytest.skip(f"MIMIC-IV demo not found at {MIMIC}")
-    from stam_lab.eval.state import replay_mimic
+    from stam_lab.eval.state_eval import replay_mimic
 
     run = replay_mimic(MIMIC, subjects=[PATIENT], tables=TABLES, variant="stam",
                        workdir=Path(tmp_path_factory.mktemp("mimic")), embedder=embedder)

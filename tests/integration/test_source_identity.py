@@ -18,9 +18,9 @@ import pytest
 from pydantic import SecretStr
 
 from schemas import RecordEntry, Store
+from stam.backends.redis_state import RedisStateStore
 from stam.integrity import SIGNATURE_HEADER, SOURCE_HEADER, signature
 from stam.publish import Publisher, PublishSummary
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import kafka_producer, redis_client
 from tests.conftest import BUNDLES, need_data
 from tests.integration.broker import _dead_letters, collect_outputs

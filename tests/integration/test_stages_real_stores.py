@@ -191,8 +191,8 @@ def test_burst_applied_in_batches_equals_sequential(deps: Any, small_bundle: Any
 
 
 def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder: Any, tmp_path: Any) -> None:
+    from stam.backends.redis_cache import RedisVectorCache
     from stam.cache import LRU
-    from stam.stores.redis_cache import RedisVectorCache
 
     client = local_redis_client(tmp_path / "cache.rdb")
     saved = (embedder.shared, embedder._cache)
@@ -212,9 +212,9 @@ def test_concept_embeddings_are_shared_through_redis_and_notes_are_not(embedder:
 
 
 def test_two_writers_cannot_silently_overwrite_each_other(deps: Any, small_bundle: Any) -> None:
+    from stam.backends.base import Commit
+    from stam.backends.redis_state import RedisStateStore
     from stam.errors import ConcurrentUpdate
-    from stam.stores.base import Commit
-    from stam.stores.redis_state import RedisStateStore
 
     run_all(small_bundle.entries[:3], deps)
     other = RedisStateStore(local_redis_client(deps.states._r.db))  # a second worker on the same Redis

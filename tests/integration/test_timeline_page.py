@@ -102,8 +102,8 @@ def page(stack_settings: Any, worker: Any, small_bundle: Any) -> Iterator[dict[s
 @pytest.fixture(scope="module")
 def timeline(page: dict[str, Any]) -> Timeline:
     """The patient's timeline as the state store holds it: what the page must show."""
+    from stam.backends.redis_state import RedisStateStore
     from stam.read.page import load_timeline
-    from stam.stores.redis_state import RedisStateStore
     from stam.transport import redis_client
 
     states = RedisStateStore(redis_client(page["settings"]), prefix=page["settings"].collection_prefix)

@@ -76,7 +76,7 @@ def test_the_reasoner_gets_validated_facts_from_vllm_and_the_adapter_changes_the
     from schemas import RecordEntry
     from stam.llm.client import LLMClient
     from stam.reasoning import prompts
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
 
     url, _ = served
     text = note_text()

@@ -21,6 +21,8 @@ import numpy as np
 import pytest
 
 from schemas import DeadLetter, ExtractedEntry, ImpactedEntry, LinkedEntry, RecordEntry, Store, TransitionEvent
+from stam.backends.base import Hit, StateStore, VectorRow, VectorStore
+from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.crypto import KeyStore, Sealer, load_master_key
 from stam.embedding import Embedder
@@ -28,8 +30,6 @@ from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.recovery import Durability
 from stam.stages import Deps, extract_stage
-from stam.stores.base import Hit, StateStore, VectorRow, VectorStore
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import local_redis_client
 from tests.conftest import SMALL_BUNDLE, need_data
 from topology.app import Topics

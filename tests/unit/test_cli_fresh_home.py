@@ -201,7 +201,7 @@ def test_loading_the_embedding_model_draws_no_bar(capfd: pytest.CaptureFixture[s
 def test_a_new_milvus_lite_store_logs_no_grpc_traceback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """pymilvus asks Milvus Lite for AllocTimestamp while a new collection's index is built; Milvus Lite does not
     implement it, and grpc logged the NotImplementedError with a traceback on every fresh store."""
-    from stam.stores.milvus import MilvusVectorStore
+    from stam.backends.milvus import MilvusVectorStore
 
     with caplog.at_level(logging.DEBUG, logger="grpc._server"):
         store = MilvusVectorStore(str(tmp_path / "m.db"), dim=4)

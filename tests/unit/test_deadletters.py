@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from schemas import DeadLetter, RecordEntry
+from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.deadletters import (
     Listed,
@@ -25,7 +26,6 @@ from stam.deadletters import (
     with_status,
 )
 from stam.errors import DeadLetterError
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import local_redis_client
 
 pytestmark = pytest.mark.slow  # real stores per test: skipped by `make test-fast`

@@ -126,7 +126,7 @@ def test_candidates_are_archived_memories_less_what_the_record_needs() -> None:
 
     from schemas import Reason, Relation, RelationType, Store
     from stam.deletion.candidates import Keep, Source, relink, select
-    from stam.state import PatientState
+    from stam.patient_state import PatientState
 
     at = datetime(2020, 1, 1, tzinfo=UTC)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from stam.backends.base import Commit
+from stam.backends.redis_state import RedisStateStore
 from stam.errors import StateRolledBack
 from stam.recovery import Checkpoint, behind
-from stam.stores.base import Commit
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import local_redis_client
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stam import errors
-from workers.common import Fault, classify
+from workers.stage_agent import Fault, classify
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILY = [c for _, c in inspect.getmembers(errors, inspect.isclass) if issubclass(c, BaseException)]

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.hospital_feed import Vocabulary
+from stam.backends.redis_cache import RedisVectorCache
 from stam.embedding import Embedder
-from stam.stores.redis_cache import RedisVectorCache
 from stam.transport import local_redis_client
 
 

@@ -9,8 +9,8 @@ from pydantic import SecretStr
 
 from schemas.query import GateMode
 from stam.config import Settings
-from stam.read.gate import GateSample, StoreGate, calibrate, history_cue, load_gate, write_gate_file
-from workers.query import check_bearer
+from stam.read.store_gate import GateSample, StoreGate, calibrate, history_cue, load_gate, write_gate_file
+from workers.query_consumer import check_bearer
 
 
 @pytest.mark.parametrize("question", [

@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas.query import GateMode
-from stam.read.gate import StoreGate
 from stam.read.intent import find_times, parse
+from stam.read.store_gate import StoreGate
 
 NOW = datetime(2148, 2, 1, 12, 0, tzinfo=UTC)
 

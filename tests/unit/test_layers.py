@@ -22,9 +22,10 @@ ROOTS = {"schemas": REPO / "schemas", "stam": REPO / "stam", "topology": REPO / 
 # it, the product must not use them.
 LAYERS: list[set[str]] = [
     {"schemas"},
-    {"stam.config", "stam.errors", "stam.ids", "stam.cache", "stam.state", "stam.integrity", "stam.deadletter",
-     "stam.stage_thread", "stam.metrics", "stam.logs", "stam.net", "stam.stack", "stam.lifecycle", "stam.export"},
-    {"stam.transport", "stam.crypto", "stam.stores", "stam.embedding", "stam.encoder", "stam.llm", "topology"},
+    {"stam.config", "stam.errors", "stam.ids", "stam.cache", "stam.patient_state", "stam.integrity",
+     "stam.deadletter_payload", "stam.stage_thread", "stam.metrics", "stam.logs", "stam.net", "stam.stack",
+     "stam.lifecycle", "stam.export"},
+    {"stam.transport", "stam.crypto", "stam.backends", "stam.embedding", "stam.encoder", "stam.llm", "topology"},
     {"stam.sources", "stam.reasoning", "stam.deadletters", "stam.fhir", "stam.deletion"},
     {"stam.stages", "stam.rebuild"},
     {"stam.read", "stam.publish", "stam.mllp", "stam.erase", "stam.recovery", "stam.serving", "stam.ops"},

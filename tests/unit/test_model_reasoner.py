@@ -16,7 +16,7 @@ from stam.errors import LLMUnavailable, ReasoningError
 from stam.llm.client import ChatResult
 from stam.reasoning.base import Candidate, Impact, Router
 from stam.reasoning.coded import CodedReasoner
-from stam.reasoning.model import ModelReasoner, find_span, grounded
+from stam.reasoning.language_model import ModelReasoner, find_span, grounded
 
 NOTE = ("# Medications\nlisinopril 10 mg oral tablet; hydrochlorothiazide 25 mg oral tablet\n"
         "# Plan\nMetformin stopped.")
@@ -186,7 +186,7 @@ def test_without_a_model_notes_stay_verbatim() -> None:
 
 
 def test_an_unreachable_model_is_an_outage_not_the_entrys_fault() -> None:
-    from workers.common import MESSAGE_FAULTS, TRANSIENT
+    from workers.stage_agent import MESSAGE_FAULTS, TRANSIENT
 
     assert issubclass(LLMUnavailable, TRANSIENT) and not issubclass(LLMUnavailable, MESSAGE_FAULTS)
 

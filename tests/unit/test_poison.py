@@ -23,11 +23,11 @@ from pymilvus.exceptions import ConnectError, MilvusException
 from schemas import Coding, RecordEntry
 from schemas.limits import DEAD_LETTER_EXCERPT_BYTES, DEAD_LETTER_VALUE_BYTES, MAX_ENTRY_BYTES
 from stam.crypto import KeyStore, Sealer
-from stam.deadletter import bounded_key, bounded_value
+from stam.deadletter_payload import bounded_key, bounded_value
 from stam.errors import ConcurrentUpdate, MessageTooLarge, ReasoningError, SourceError, StateRolledBack
 from stam.metrics import PARTITION_STALLED, STAGE_BUGS
 from stam.transport import local_redis_client
-from workers.common import Fault, classify, run_batch, send
+from workers.stage_agent import Fault, classify, run_batch, send
 
 pytestmark = pytest.mark.slow  # subprocess CLI runs and real stores: skipped by `make test-fast`
 
@@ -112,8 +112,8 @@ def test_a_real_milvus_refusal_of_a_value_is_the_messages_fault(tmp_path: Path) 
     import numpy as np
 
     from schemas import Store
-    from stam.stores.base import VectorRow
-    from stam.stores.milvus import MilvusVectorStore
+    from stam.backends.base import VectorRow
+    from stam.backends.milvus import MilvusVectorStore
 
     vectors = MilvusVectorStore(str(tmp_path / "m.db"), dim=4)
     try:
@@ -263,7 +263,7 @@ def test_bounded_dead_letter_values() -> None:
 
 @pytest.fixture()
 def redis_store(tmp_path: Path) -> Any:
-    from stam.stores.redis_state import RedisStateStore
+    from stam.backends.redis_state import RedisStateStore
 
     client = local_redis_client(tmp_path / "redis.rdb")
     yield RedisStateStore(client), client
@@ -271,8 +271,8 @@ def redis_store(tmp_path: Path) -> Any:
 
 
 def _commit(store: Any, pid: str, entry_id: str, outbox: bytes | None = b"[]") -> None:
-    from stam.state import PatientState
-    from stam.stores.base import Commit
+    from stam.backends.base import Commit
+    from stam.patient_state import PatientState
 
     version = store.version(pid)
     state = PatientState.restore(pid, version + 1, None, [])

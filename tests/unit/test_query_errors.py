@@ -20,7 +20,7 @@ from schemas.query import QueryAnswer, QueryRequest
 from stam.net import free_port
 from stam.read.service import QueryError, QueryService, UnsupportedQuery, classify, failed_answer
 from stam.transport import milvus_client
-from workers.query import http_status, observe
+from workers.query_consumer import http_status, observe
 
 PATIENT = "patient-secret-17"
 

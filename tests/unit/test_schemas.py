@@ -43,7 +43,7 @@ def test_transition_schema_documents_public_fields() -> None:
 
 def test_published_json_schemas_are_current() -> None:
     from schemas.__main__ import CONTRACTS, OUT, render
-    from schemas.common import WIRE_VERSION
+    from schemas.wire import WIRE_VERSION
 
     for name, model in CONTRACTS.items():
         path = OUT / f"{name}.v{WIRE_VERSION}.json"

@@ -252,13 +252,13 @@ def test_a_subset_registers_only_its_agents() -> None:
 
 def test_web_binds_to_the_configured_host() -> None:
     """Faust listens on ``web_bind`` (default 0.0.0.0); the configured host must reach it."""
-    from workers import main, query
+    from workers import main, query_consumer
 
     app, _ = main.build(Settings(web_port=7000))
     assert (app.conf.web_bind, app.conf.web_host, app.conf.web_port) == ("127.0.0.1", "127.0.0.1", 7000)
     app, _ = main.build(Settings(web_port=7000, web_host="0.0.0.0"))
     assert app.conf.web_bind == "0.0.0.0"
-    app, _ = query.build(Settings(query_web_port=7001))
+    app, _ = query_consumer.build(Settings(query_web_port=7001))
     assert (app.conf.web_bind, app.conf.web_port) == ("127.0.0.1", 7001)
 
 

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import orjson
 
 from schemas import AtomicMemory, Category, Reason, Relation, RelationType, Store
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 def mem(i: int) -> AtomicMemory:
@@ -36,8 +36,8 @@ def test_snapshot_roundtrip_keeps_graph() -> None:
 def test_projection_evicts_least_recent_patients_beyond_its_vector_budget() -> None:
     import numpy as np
 
-    from stam.stores.base import VectorRow
-    from stam.stores.projection import VectorProjection
+    from stam.backends.base import VectorRow
+    from stam.backends.projection import VectorProjection
 
     class Empty:  # backing store with nothing in it: a unit test of the projection alone
         def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
@@ -159,8 +159,8 @@ def test_projection_answers_the_exact_top_k_with_shared_vectors() -> None:
     top-k (scores and members) a scan of every memory's vector gives."""
     import numpy as np
 
-    from stam.stores.base import VectorRow
-    from stam.stores.projection import VectorProjection
+    from stam.backends.base import VectorRow
+    from stam.backends.projection import VectorProjection
 
     class Empty:
         def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:
@@ -198,8 +198,8 @@ def test_projection_still_fills_the_top_k_when_a_memory_leaves_its_vector() -> N
     """A memory whose vector changed leaves its old row empty; that row can score best and hold nobody."""
     import numpy as np
 
-    from stam.stores.base import VectorRow
-    from stam.stores.projection import VectorProjection
+    from stam.backends.base import VectorRow
+    from stam.backends.projection import VectorProjection
 
     class Empty:
         def fetch(self, patient_id: str, store: Store) -> list[VectorRow]:

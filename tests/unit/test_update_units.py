@@ -31,9 +31,9 @@ from topology.app import Topics
 from topology.batching import Stream as BatchingStream
 from workers import sweep as sweep_module
 from workers import update
-from workers.common import OUTPUT_LIMIT
 from workers.outbox import DeliveredOutboxes, Republisher
 from workers.runtime import Runtime
+from workers.stage_agent import OUTPUT_LIMIT
 from workers.sweep import ScheduledSweep
 from workers.update import Publisher
 

@@ -1,5 +1,5 @@
 """Property test at the worker edge: whatever bytes arrive on the entries topic, the extract agent's batch
-handler (workers.common.run_batch with the real extract stage and coded reasoner) hands every message on
+handler (workers.stage_agent.run_batch with the real extract stage and coded reasoner) hands every message on
 or dead-letters it; nothing escapes, nothing is lost, and order is kept."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from stam.crypto import KeyStore, Sealer
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.stages import extract_batch
-from workers.common import run_batch
+from workers.stage_agent import run_batch
 
 VALID = RecordEntry.model_validate({
     "patient_id": "p1", "entry_id": "e1", "source": "fhir-r4", "source_ref": "Observation/o1",

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stam.cli.common import add_replay_options, check_sources, emit_report, table
+from stam.cli.context import add_replay_options, check_sources, emit_report, table
 from stam.cli.deletion import GUARANTEE
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ def _candidates(args: argparse.Namespace, subjects: list[str] | None,
     with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
         print(f"replaying {args.source} ...", file=sys.stderr)
         if args.source == "mimic":
-            from stam_lab.eval.state import replay_mimic
+            from stam_lab.eval.state_eval import replay_mimic
 
             run = replay_mimic(Path(args.mimic), subjects=subjects, tables=args.tables.split(","), variant="stam",
                                workdir=Path(args.replay_dir or work), embedder=embedder, keep=bool(args.replay_dir))

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.common import LazyBar, add_replay_options, check_sources, emit_report, table
+from stam.cli.context import LazyBar, add_replay_options, check_sources, emit_report, table
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 from stam_lab.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam_lab.eval.provenance import stamp
@@ -21,7 +21,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
     import tempfile
 
     from stam.embedding import Embedder
-    from stam_lab.eval.state import VARIANTS, evaluate_mimic
+    from stam_lab.eval.state_eval import VARIANTS, evaluate_mimic
     from stam_lab.eval.synthea import evaluate_synthea
 
     variants = list(VARIANTS) if args.variant == "all" else args.variant.split(",")
@@ -151,13 +151,13 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
 
     from stam.compose import local_query_service
     from stam.embedding import Embedder
-    from stam.read.gate import StoreGate, calibrate, write_gate_file
     from stam.read.reader import LocalReader, OpenAIReader
+    from stam.read.store_gate import StoreGate, calibrate, write_gate_file
     from stam.read.tokens import load_tokenizer
     from stam_lab.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
     from stam_lab.eval.mimic_qa import build_questions
     from stam_lab.eval.qa_run import READER_SYSTEM
-    from stam_lab.eval.state import replay_mimic
+    from stam_lab.eval.state_eval import replay_mimic
 
     reader: Any = (OpenAIReader(args.reader_url, args.reader_model, timeout_s=600.0, max_tokens=64,
                                 system=READER_SYSTEM) if args.reader_url
@@ -233,7 +233,7 @@ def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
 
     from stam.embedding import Embedder
     from stam_lab.eval import lifecycle
-    from stam_lab.eval.state import replay_mimic
+    from stam_lab.eval.state_eval import replay_mimic
     from stam_lab.eval.synthea import replay_synthea
 
     subjects = args.subjects.split(",") if args.subjects else None

@@ -9,7 +9,7 @@ and the two arms *agree* when ACTIVE alone does as well:
 - Synthea (questions derived from the stored state, ``stam.read.calibrate.labelled_set``; no gold answer): the two
   answers are the same after normalisation.
 
-:func:`stam.read.gate.calibrate` then picks, per lambda, the threshold minimising ``disagreement - lambda * skip
+:func:`stam.read.store_gate.calibrate` then picks, per lambda, the threshold minimising ``disagreement - lambda * skip
 rate`` (questions that ask for the past are counted as served: they never skip). The report gives, per source and
 for both together, the threshold, skip rate, disagreement and served tokens per lambda.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from schemas.query import GateMode, QueryRequest
-from stam.read.gate import GateSample, calibrate
 from stam.read.service import QueryService
+from stam.read.store_gate import GateSample, calibrate
 from stam_lab.eval.mimic_qa import Question
 from stam_lab.eval.qa import normalize_answer, token_f1
 

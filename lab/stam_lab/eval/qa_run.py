@@ -53,7 +53,7 @@ from stam.read.reader import SYSTEM
 from stam_lab.eval.mimic_qa import Question
 from stam_lab.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
 from stam_lab.eval.qa import exact_match, token_f1
-from stam_lab.eval.state import Replayed, replay_mimic
+from stam_lab.eval.state_eval import Replayed, replay_mimic
 
 SYSTEMS = ("stam", "stam-both", "append-only", "append-only+threads", "flat-rag", "full-context")
 ABLATIONS = ("stam-no-facts", "stam-neutral")
@@ -225,7 +225,7 @@ class _Run:
 
     def __init__(self, stam: Replayed, embedder: Any, tokenizer: Any, *, workdir: Path, keep_replay: bool,
                  rag_k: int, budget: int) -> None:
-        from stam.read.gate import StoreGate
+        from stam.read.store_gate import StoreGate
 
         self.stam, self.embedder, self.tokenizer = stam, embedder, tokenizer
         self.workdir, self.keep_replay, self.rag_k, self.budget = workdir, keep_replay, rag_k, budget

@@ -18,7 +18,7 @@ the loader published it (matched by its source resource, ``<type>/<id>``):
   ACTIVE from the abatement on); the latest Observation of each code at the sampled time is the current one.
   Synthea R4 MedicationRequests carry no stop time, so medications are not checked in time.
 
-Same metrics and variants as :mod:`stam_lab.eval.state` (``diagnose``).
+Same metrics and variants as :mod:`stam_lab.eval.state_eval` (``diagnose``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 from schemas import RecordEntry
 from stam.sources.fhir_r4 import entries_from_bundle, iter_bundle_files, parse_time, status_code
-from stam_lab.eval.state import (
+from stam_lab.eval.state_eval import (
     Gold,
     GoldPair,
     ProgressFn,
@@ -132,7 +132,7 @@ def replay_synthea(folder: Path, *, variant: str, workdir: Path, patients: Seque
                    embedder: Any = None, progress: ProgressFn | None = None,
                    keep: bool = False) -> tuple[Replayed, list[dict[str, Any]]]:
     """The bundles of ``folder`` (``patients`` only, when given) through the write-path stages under ``variant``;
-    ``keep``: as :func:`stam_lab.eval.state.replay_mimic`'s (the replay stays in ``workdir``, and a later call for
+    ``keep``: as :func:`stam_lab.eval.state_eval.replay_mimic`'s (the replay stays in ``workdir``, and a later call for
     patients it holds reopens it)."""
     raws, entries = load_synthea(folder)
     chosen = [p for p in sorted(entries) if patients is None or p in set(patients)]

@@ -109,7 +109,7 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     one. The traces are the same calls either way (each patient's entries stay in clinical-time order)."""
     from stam.errors import TrainingError
     from stam.llm.client import LLMClient
-    from stam.reasoning.model import ModelReasoner
+    from stam.reasoning.language_model import ModelReasoner
 
     out.mkdir(parents=True, exist_ok=True)
     chosen = choose_notes(notes_dir, notes=notes, per_patient=per_patient, exclude=exclude or set(), seed=seed)
@@ -177,7 +177,7 @@ class _TeacherRun:
         from stam.embedding import Embedder
 
         # What one_patient imports, imported once here, in the calling thread, before the patients' threads start.
-        for name in ("stam.compose", "stam.reasoning.base", "stam.reasoning.coded", "stam.reasoning.model",
+        for name in ("stam.compose", "stam.reasoning.base", "stam.reasoning.coded", "stam.reasoning.language_model",
                      "stam.sources.fhir_ndjson", "stam.stages"):
             importlib.import_module(name)
         self.notes_dir, self.chosen, self.client, self.parallel = notes_dir, chosen, client, parallel
@@ -219,7 +219,7 @@ class _TeacherRun:
         from stam.errors import ReasoningError
         from stam.reasoning.base import Router
         from stam.reasoning.coded import CodedReasoner
-        from stam.reasoning.model import ModelReasoner
+        from stam.reasoning.language_model import ModelReasoner
         from stam.sources.fhir_ndjson import load_ndjson, patient_lines
         from stam.stages import process_entry
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from schemas import Coding
-from schemas.common import CodeSystem
+from schemas.wire import CodeSystem
 from stam.errors import SourceError
 from stam.sources.mimic.builder import RowBuilder
 from stam.sources.mimic.codes import SYS_HCPCS, SYS_ICD9_PROC, SYS_ICD10_PCS

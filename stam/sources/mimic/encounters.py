@@ -4,7 +4,7 @@ ICU stays, and the patient's demographics (``patients``)."""
 from __future__ import annotations
 
 from schemas import Coding, Lifecycle, Quantity
-from schemas.common import CodeSystem
+from schemas.wire import CodeSystem
 from stam.errors import SourceError
 from stam.sources.base import BadInput
 from stam.sources.mimic.builder import RowBuilder

@@ -20,11 +20,11 @@ import numpy as np
 from pymilvus import DataType, MilvusException
 
 from schemas import Store
+from stam.backends.base import Hit, VectorRow, VectorStore
 from stam.errors import StoreRejected
-from stam.stores.base import Hit, VectorRow, VectorStore
 from stam.transport import milvus_client
 
-log = logging.getLogger("stam.stores.milvus")
+log = logging.getLogger("stam.backends.milvus")
 
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"}
 

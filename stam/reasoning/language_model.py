@@ -57,11 +57,11 @@ from stam.cache import LRU
 from stam.errors import ReasoningError
 from stam.ids import memory_id
 from stam.llm.client import LLMClient, Usage
+from stam.patient_state import PatientState
 from stam.reasoning import prompts
 from stam.reasoning.base import Candidate
 from stam.reasoning.coded import terminal_reason, verbatim_memory
 from stam.reasoning.traces import MODULE_OF, Trace
-from stam.state import PatientState
 
 T = TypeVar("T", bound=BaseModel)
 

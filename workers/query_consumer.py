@@ -41,6 +41,8 @@ from aiohttp.web import HTTPRequestEntityTooLarge
 from pydantic import ValidationError
 
 from schemas.query import ErrorKind, QueryAnswer, QueryRequest
+from stam.backends.base import StateStore
+from stam.backends.redis_state import RedisStateStore
 from stam.compose import build_query_service
 from stam.config import Settings
 from stam.errors import Erased, PageInputError, SealBroken
@@ -51,14 +53,12 @@ from stam.read.failures import classify
 from stam.read.scopes import NOT_FOUND_MESSAGE, Grant, TokenScopes, concealed_not_found, scopes_of
 from stam.read.service import QueryService, TimelineCache, failed_answer
 from stam.stage_thread import STAGE_THREAD
-from stam.stores.base import StateStore
-from stam.stores.redis_state import RedisStateStore
 from stam.transport import redis_client
 from topology.app import Topics, create_app
-from workers.common import raw_value, seal
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
+from workers.stage_agent import raw_value, seal
 
 log = logging.getLogger("stam.query")
 

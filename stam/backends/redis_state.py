@@ -51,14 +51,14 @@ import redis
 
 from schemas import StoredMemory
 from schemas.query import RecordGap
+from stam.backends import rows
+from stam.backends.base import Commit, StateStore
+from stam.backends.redis_cache import as_bytes
 from stam.cache import LRU
 from stam.errors import ConcurrentUpdate, StateRolledBack
-from stam.state import PatientState
-from stam.stores import rows
-from stam.stores.base import Commit, StateStore
-from stam.stores.redis_cache import as_bytes
+from stam.patient_state import PatientState
 
-log = logging.getLogger("stam.stores")
+log = logging.getLogger("stam.backends")
 
 _SAFE = "-._~/@+="
 

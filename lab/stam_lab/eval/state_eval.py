@@ -51,10 +51,10 @@ from schemas import (
     UpdateDecision,
 )
 from schemas.pipeline import Archive
+from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Router
 from stam.reasoning.coded import CodedReasoner
 from stam.sources.mimic import iter_table, parse_mimic_time
-from stam.state import PatientState
 
 VARIANTS = ("stam", "semantic-only", "no-relations", "rule-measurement-dose", "rule-non-episodic", "append-only")
 BASELINES = frozenset({"rule-measurement-dose", "rule-non-episodic", "append-only"})

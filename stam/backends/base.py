@@ -12,7 +12,7 @@ import numpy as np
 
 from schemas import Store, StoredMemory
 from schemas.query import RecordGap
-from stam.state import PatientState
+from stam.patient_state import PatientState
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class VectorStore(ABC):
         ``exclude``: impact retrieval's semantic channel.
 
         ``version`` is the patient's state version the caller read (0: the patient has nothing yet). A store
-        that keeps vectors near the worker (:class:`stam.stores.projection.VectorProjection`) answers from
+        that keeps vectors near the worker (:class:`stam.backends.projection.VectorProjection`) answers from
         them while they are at that version; this default searches each store and merges."""
         if version == 0 or len(vectors) == 0:
             return [[] for _ in range(len(vectors))]
@@ -176,7 +176,7 @@ class StateStore(ABC):
         return {m: s for m in memory_ids if (s := state.get(m)) is not None}
 
     def timeline_rows(self, patient_id: str) -> tuple[int, list[list[Any]]] | None:
-        """The patient's version and the timeline row of every memory (:mod:`stam.stores.rows`), read together;
+        """The patient's version and the timeline row of every memory (:mod:`stam.backends.rows`), read together;
         None when the store keeps no rows for this patient (then :meth:`records` serves)."""
         return None
 

@@ -10,15 +10,15 @@ import sys
 import time
 from pathlib import Path
 
-from schemas.common import Category
-from stam.cli.common import load_settings, query_service
+from schemas.wire import Category
+from stam.cli.context import load_settings, query_service
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
 
     from stam.errors import PortInUse
-    from workers.query import run
+    from workers.query_consumer import run
 
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
     try:
@@ -112,7 +112,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from stam.read.calibrate import labelled_set, load_set, replay
-    from stam.read.gate import calibrate, write_gate_file
+    from stam.read.store_gate import calibrate, write_gate_file
 
     service = query_service(settings)
     if args.action == "build-set":

@@ -23,8 +23,8 @@ from threading import Lock
 import numpy as np
 
 from schemas import Store
+from stam.backends.base import Hit, VectorRow, VectorStore
 from stam.cache import LRU
-from stam.stores.base import Hit, VectorRow, VectorStore
 
 
 @dataclass

@@ -57,7 +57,7 @@ def stack_env(settings: Settings) -> dict[str, str]:
 
 
 def query_service(settings: Settings) -> Any:
-    from workers.query import build_service
+    from workers.query_consumer import build_service
     from workers.runtime import Runtime
 
     return build_service(settings, Runtime(settings=settings, topics=None, writes=False))  # type: ignore[arg-type]
