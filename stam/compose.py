@@ -23,8 +23,15 @@ from stam.backends.projection import VectorProjection
 from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.embedding import Embedder, deployment_embedder
+from stam.llm.client import LLMClient
+from stam.read.asof import read_patient_transitions
+from stam.read.reader import OpenAIReader
+from stam.read.store_gate import StoreGate, load_gate
+from stam.read.tokens import load_tokenizer
 from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
+from stam.reasoning.language_model import ModelReasoner
+from stam.reasoning.traces import TraceWriter
 from stam.stages import Deps, StageParams
 from stam.transport import local_redis_client, milvus_token, redis_client
 
@@ -49,8 +56,6 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
             log.warning("no language model configured (STAM_LLM_URL): free-text entries are kept verbatim as "
                         "one memory each, not decomposed into atomic facts")
         return Router(CodedReasoner())
-    from stam.llm.client import LLMClient
-    from stam.reasoning.language_model import ModelReasoner
 
     client = LLMClient(settings.llm_url, settings.llm_model,
                        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "",
@@ -61,8 +66,6 @@ def build_router(settings: Settings, *, announce: bool = False) -> Router:
                  settings.llm_model)
     trace = None
     if settings.llm_trace_path is not None:
-        from stam.reasoning.traces import TraceWriter
-
         trace = TraceWriter(settings.llm_trace_path)
         if announce:
             log.warning("every validated model call is recorded as a teacher trace in %s (patient data)",
@@ -114,11 +117,7 @@ def build_query_service(settings: Settings, deps: Deps, sealer: Sealer) -> Query
     """The deployment's query service: the write path's stores and embedding model, the packet tokenizer, the
     calibrated store gate, the timeline cache, the reader named by ``STAM_READER_URL`` (none: packets only) and
     the transition log for ``as_of`` queries (opened with ``sealer``)."""
-    from stam.read.asof import read_patient_transitions
-    from stam.read.reader import OpenAIReader
     from stam.read.service import QueryService, TimelineCache
-    from stam.read.store_gate import load_gate
-    from stam.read.tokens import load_tokenizer
 
     reader = None
     if settings.reader_url:
@@ -144,8 +143,6 @@ def local_query_service(deps: Deps, *, embedder: Embedder | None = None, tokeniz
     given (an evaluation may read through another view of the states), the packaged MiniLM tokenizer, the
     default store gate, no reader."""
     from stam.read.service import QueryService
-    from stam.read.store_gate import StoreGate
-    from stam.read.tokens import load_tokenizer
 
     return QueryService(states=states or deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,
                         tokenizer=tokenizer or load_tokenizer("all-MiniLM-L6-v2"),

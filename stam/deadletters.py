@@ -33,7 +33,9 @@ from schemas.query import RecordGap
 from stam.backends.redis_state import RedisStateStore
 from stam.config import Settings
 from stam.crypto import Sealer, sealer_for
-from stam.errors import DeadLetterError, Erased, SealBroken
+from stam.errors import DeadLetterError, Erased, SealBroken, SourceConfigError
+from stam.integrity import source_keys
+from stam.transport import kafka_consumer
 from topology import topics as t
 
 MAX_ID = 512
@@ -158,7 +160,6 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0, sealer: S
     sealer = sealer or sealer_for(settings)
     from aiokafka import TopicPartition
 
-    from stam.transport import kafka_consumer
     from topology.admin import read_to_end
 
     topic = t.DEAD_LETTERS.name(settings.topic_prefix)
@@ -331,8 +332,6 @@ def signed(settings: Settings, plan: Replay, source_system: str | None) -> list[
     if plan.topic != t.ENTRIES.name(settings.topic_prefix):
         raise DeadLetterError("--source-system signs entries; this dead letter goes back to a stage topic, which "
                               "carries no signature")
-    from stam.errors import SourceConfigError
-    from stam.integrity import source_keys
 
     try:
         return source_keys(settings).sign_headers(source_system, plan.value)

@@ -17,6 +17,7 @@ import numpy as np
 import redis
 
 from schemas import AtomicMemory
+from stam import encoder
 from stam.backends.redis_cache import RedisVectorCache
 from stam.cache import LRU
 from stam.config import Settings
@@ -66,7 +67,6 @@ class Embedder:
                  shared: SharedVectorCache | None = None) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        from stam import encoder
 
         self.model_name = model
         path = resolve_model_path(model)

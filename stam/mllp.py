@@ -48,8 +48,9 @@ from hl7.mllp import start_hl7_server
 from hl7.mllp.streams import CARRIAGE_RETURN, END_BLOCK, START_BLOCK
 
 from stam.config import Settings
-from stam.errors import ListenerUnavailable, SourceError
+from stam.errors import ListenerUnavailable, SourceConfigError, SourceError
 from stam.metrics import MLLP_ACK_SECONDS, MLLP_ACKS, MLLP_CONNECTIONS, MLLP_MESSAGES
+from stam.sources.hl7v2 import parse_message
 
 if TYPE_CHECKING:
     from stam.publish import Publisher
@@ -261,8 +262,6 @@ class MllpListener:
 
     def __init__(self, settings: Settings, *, source_system: str | None = None) -> None:
         if not settings.redis_url:
-            from stam.errors import SourceConfigError
-
             raise SourceConfigError("the MLLP listener keeps its acknowledgements in Redis: set STAM_REDIS_URL "
                                     "(or run `stam stack up`)")
         self.settings = settings
@@ -417,7 +416,6 @@ class MllpListener:
 
     async def _ingest(self, frame: Frame, header: Header | None, reply: Callable[..., Outcome]) -> Outcome:
         from stam.publish import PublishSummary
-        from stam.sources.hl7v2 import parse_message
 
         summary = PublishSummary()
         where = f"MLLP message {header.control_id}" if header is not None and header.control_id else "MLLP message"

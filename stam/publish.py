@@ -14,6 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, push_to_gateway
 from pydantic import ValidationError
 
 from schemas import DeadLetter, RecordEntry
@@ -290,8 +291,6 @@ def report(settings: Settings, summary: PublishSummary, outcome: str, *, log_lin
 
 def publisher_registry(summary: PublishSummary, outcome: str) -> Any:
     """The ``stam_publisher_*`` metrics of one run, in a registry of their own (what is pushed)."""
-    from prometheus_client import CollectorRegistry, Counter, Gauge
-
     reg = CollectorRegistry()
     entries = Counter("stam_publisher_entries", "Entries of the last `stam publish` run, by source format and "
                       "outcome (sent, skipped, dead_lettered)", ["source", "outcome"], registry=reg)
@@ -312,7 +311,5 @@ def publisher_registry(summary: PublishSummary, outcome: str) -> Any:
 
 
 def push_counts(url: str, summary: PublishSummary, outcome: str, *, timeout: float = 5.0) -> None:
-    from prometheus_client import push_to_gateway
-
     push_to_gateway(url, job=PUSH_JOB, registry=publisher_registry(summary, outcome),
                     grouping_key={"instance": socket.gethostname()}, timeout=timeout)

@@ -31,9 +31,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from aiokafka import TopicPartition
 
 from schemas import TransitionEvent
 from stam.config import Settings
+from stam.crypto import Sealer, redis_fsync_window, sealer_for
+from stam.errors import Erased, SealBroken
 from stam.metrics import RECOVERED_PATIENTS, RECOVERIES, UNREADABLE
 from stam.stage_thread import STAGE_THREAD
 from stam.transport import kafka_consumer
@@ -88,8 +91,6 @@ async def _consumer(settings: Settings) -> Any:
 
 async def read_checkpoint(settings: Settings) -> Checkpoint | None:
     """The checkpoint with the highest write counter among the last ones written (None: never written)."""
-    from aiokafka import TopicPartition
-
     topic = t.CHECKPOINTS.name(settings.topic_prefix)
     consumer = await _consumer(settings)
     try:
@@ -118,11 +119,7 @@ async def read_log(settings: Settings, sealer: Any = None,
     """Every transition on the transitions topic, per patient, in log order (opened: ``stam.crypto``; an erased
     patient's are unreadable by design and left out). ``unreadable``: filled with the count of transitions per
     pseudonym that do not open although not erased (their data key is missing from the key store)."""
-    from stam.crypto import Sealer, sealer_for
-    from stam.errors import Erased, SealBroken
-
     sealer = sealer or sealer_for(settings)
-    from aiokafka import TopicPartition
 
     topic = t.TRANSITIONS.name(settings.topic_prefix)
     consumer = await _consumer(settings)
@@ -224,7 +221,6 @@ class Durability:
         (then only the checkpoint and recovery protect the state); a setting overrides the probe."""
         if self.fsync_window_s is not None:
             return self.fsync_window_s
-        from stam.crypto import redis_fsync_window
 
         client = getattr(self.deps.states, "_r", None)
         window = 0.0

@@ -29,6 +29,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -102,9 +104,6 @@ def _wait_port(port: int, name: str, proc: subprocess.Popen[bytes], log: Path, t
 
 
 def _wait_bucket(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
-    import urllib.error
-    import urllib.request
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -16,6 +16,7 @@ from stam.compose import build_deps
 from stam.config import Settings
 from stam.crypto import Sealer, sealer_for
 from stam.deadletter_payload import bounded_key, bounded_value
+from stam.deadletters import gap_of, letter_id, subject
 from stam.metrics import DEAD_LETTERS
 from stam.recovery import Durability
 from stam.stage_thread import STAGE_THREAD
@@ -60,8 +61,6 @@ class Runtime:
         ``opened``: the message's plaintext when its envelope was opened. The letter then holds the plaintext,
         so an operator can read and replay it, and the whole letter is sealed for the patient and keyed by its
         pseudonym, like the message was. A letter of no known patient is sent as it is (it names nobody)."""
-        from stam.deadletters import subject
-
         msg = event.message
         raw_value = msg.value if isinstance(msg.value, bytes) else str(msg.value).encode()
         was_sealed = self.sealer.sealed(raw_value)
@@ -103,8 +102,6 @@ class Runtime:
     async def _record_gap(self, letter: DeadLetter, sent: Any) -> None:
         """Once the broker has the dead letter, the patient's record carries a gap for it (``stam.deadletters``).
         Redis unreachable: retried (holding the partition) until it is back; the gap is never skipped."""
-        from stam.deadletters import gap_of, letter_id
-
         if gap_of(letter, "0:0") is None:  # no patient to carry a gap (a query, no patient id)
             return
         try:

@@ -37,8 +37,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from importlib import metadata
+from pathlib import Path
 
+from pydantic import ValidationError
+
+import stam
+from stam import errors
 from stam.cli import (
     deadletters,
     deletion,
@@ -57,6 +64,7 @@ from stam.cli import (
 from stam.cli.context import load_settings, one_line
 from stam.cli.transitions import consume_transitions
 from stam.config import Settings
+from stam.errors import StackError
 
 __all__ = ["GROUPS", "consume_transitions", "build_parser", "load_settings", "main", "unreachable", "version"]
 
@@ -67,13 +75,9 @@ GROUPS = (stack, worker, publish, listen, read_path, serve, transitions, state, 
 
 def version() -> str:
     """The installed package's version (importlib.metadata), else stam.__version__ when the package defines one."""
-    from importlib import metadata
-
     try:
         return metadata.version("stam")
     except metadata.PackageNotFoundError:
-        import stam
-
         return str(getattr(stam, "__version__", "unknown"))
 
 
@@ -91,9 +95,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from pydantic import ValidationError
-
-    from stam.errors import StackError
     from stam.logs import configure
 
     try:
@@ -129,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _users_mistakes() -> tuple[type[Exception], ...]:
-    from stam import errors
-
     return (errors.SourceError, errors.InputRefused, errors.SourceConfigError, errors.TokenConfigError,
             errors.KeyConfigError, errors.WeightsError, errors.ServeOptionError, errors.TrainingError,
             errors.LabNotInstalled, errors.UnknownStage, errors.DeadLetterError)
@@ -143,8 +142,6 @@ cannot be read, weights not installed...): one line, exit 2, when a command lets
 
 def _paths(args: argparse.Namespace) -> dict[str, str]:
     """The command's arguments that may name files (given or defaulted): value -> option."""
-    from pathlib import Path
-
     out: dict[str, str] = {}
     for name, value in vars(args).items():
         for v in value if isinstance(value, list | tuple) else [value]:
@@ -156,8 +153,6 @@ def _paths(args: argparse.Namespace) -> dict[str, str]:
 def given_path(exc: FileNotFoundError, args: argparse.Namespace) -> str | None:
     """The argument (a file or a folder) that the missing file is, or is under; None when the command line named
     neither (then the missing file is the code's business)."""
-    import os
-
     if not exc.filename:
         return None
     missing = os.path.normpath(os.path.abspath(str(exc.filename)))

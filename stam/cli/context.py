@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from stam.config import Settings
+from stam.errors import SourceError, StackError
+from stam.sources.mimic import is_mimic_root
 
 SERVICES = {"broker": ("broker_url", ("s3", "broker")), "redis": ("redis_url", ("redis",)),
             "milvus": ("milvus_uri", ("milvus",))}
@@ -26,7 +28,6 @@ def load_settings(needs: Iterable[str] = tuple(SERVICES)) -> Settings:
     where there is none this refuses (:class:`StackError`, one line) rather than fall back to a default address
     or to a private store created in the home (an empty store answers "no memory for patient")."""
     from stam import stack
-    from stam.errors import StackError
 
     base = Settings()
     given = {fld for fld, _ in SERVICES.values() if os.environ.get(f"STAM_{fld.upper()}")}
@@ -99,9 +100,6 @@ def check_sources(args: argparse.Namespace) -> None:
     """The data folders a replay or evaluation command reads, checked before it loads a model: a wrong folder is
     one line in a second, not after the embedding model (and a reader) have loaded. Raises the same
     :class:`~stam.errors.SourceError` the loaders raise (``stam`` prints it in one line, exit 2)."""
-    from stam.errors import SourceError
-    from stam.sources.mimic import is_mimic_root
-
     source = getattr(args, "source", None)
     mimic, synthea = getattr(args, "mimic", None), getattr(args, "synthea", None)
     if mimic and source in (None, "mimic") and not is_mimic_root(Path(mimic)):

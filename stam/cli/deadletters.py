@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from stam.cli.context import load_settings, one_line, table
+from stam.errors import DeadLetterError
 
 
 def cmd_deadletters(args: argparse.Namespace) -> int:
@@ -21,7 +22,6 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
 
     from stam import deadletters as dl
     from stam.backends.redis_state import RedisStateStore
-    from stam.errors import DeadLetterError
     from stam.transport import redis_client
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)  # an unreachable broker is said in one line below

@@ -6,11 +6,13 @@ it where it is installed (``stam_lab/cli/calibrate.py``; see ``stam/cli/lab.py``
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from stam.cli.context import emit_report, table
+from stam.cli.context import emit_report, load_settings, table
 from stam.cli.lab import register as register_lab
 
 GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the concept types the gate meets are "
@@ -21,9 +23,6 @@ GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the co
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    import asyncio
-    import logging
-
     from stam.deletion.gate import Gate
 
     try:
@@ -32,7 +31,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
     from stam.backends.redis_state import RedisStateStore
-    from stam.cli.context import load_settings
     from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
     from stam.embedding import Embedder
     from stam.transport import redis_client

@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from schemas.query import QueryRequest
 from stam.cli.context import load_settings, query_service, stack_env
 from stam.cli.transitions import consume_transitions
 from stam.config import Settings
 from stam.net import free_port
+from stam.sources.fhir_ndjson import load_ndjson, patient_lines
+from stam.sources.fhir_r4 import load_bundle
+from stam.sources.mimic import is_mimic_root, load_mimic
 
 DEFAULT_DEMO_BUNDLE = "../shared/data/synthea-r4-bundles/7bf5504f-bb24-43e0-b58f-f9c7d8a7a9aa.json"
 DEMO_NOTES_PATIENT = "6a4160eb-a793-2f86-2302-378626f46cce"
@@ -56,7 +62,6 @@ def _stop(proc: subprocess.Popen[bytes], *, timeout: float) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from stam import stack
-    from stam.sources.fhir_r4 import load_bundle
 
     bundle = Path(args.bundle)
     if not bundle.exists():
@@ -103,7 +108,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
         state = RedisStateStore(redis_client(settings), prefix=settings.collection_prefix).load(patient)
         print(render_text(state, limit=args.limit))
         print(f"\nFull export: STAM_HOME={home} .venv/bin/stam state --patient {patient} --json")
-        from schemas.query import QueryRequest
 
         service = query_service(settings)
         for question in ("What is the patient's body height?", "How has the body height changed over time?"):
@@ -133,7 +137,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
     """Step 7: one MIMIC-IV admission through the same worker; its discharge ends the stay's orders (the lifecycle)."""
     from stam.publish import Publisher, PublishSummary
-    from stam.sources.mimic import is_mimic_root, load_mimic
 
     if not is_mimic_root(root):
         print(f"\n7/7 skipped: no MIMIC-IV demo at {root}")
@@ -211,7 +214,6 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
                                            STAM_LLM_CONCURRENCY="1", STAM_METRICS_PORT=str(metrics_port)),
                                   stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True)
         folder, notes_raw = _notes_folder(bulk)
-        from stam.sources.fhir_ndjson import load_ndjson
 
         entries = load_ndjson([folder]).entries
         note_entries = {e.entry_id for e in entries if e.resource_type == "DocumentReference"}
@@ -243,10 +245,6 @@ def cmd_demo_notes(args: argparse.Namespace) -> int:
 def _notes_folder(bulk: Path) -> tuple[Path, list[dict[str, Any]]]:
     """A temporary bulk folder of the demo's two notes and the patient's coded history up to the later one (its
     conditions, medication requests and encounters), and the notes as read."""
-    import tempfile
-
-    from stam.sources.fhir_ndjson import patient_lines
-
     folder = Path(tempfile.mkdtemp(prefix="stam-demo-notes-"))
     notes_raw = [json.loads(line) for line in (bulk / "DocumentReference.000.ndjson").read_text().splitlines()
                  if any(n in line for n in DEMO_NOTES)]
@@ -260,8 +258,6 @@ def _notes_folder(bulk: Path) -> tuple[Path, list[dict[str, Any]]]:
 
 def _print_notes(notes_raw: list[dict[str, Any]]) -> None:
     """Each note's medications section, oldest note first."""
-    import base64
-
     for n in sorted(notes_raw, key=lambda n: n["context"]["period"]["start"]):
         text = base64.b64decode(n["content"][0]["attachment"]["data"]).decode().strip()
         print("    --- note of " + n["context"]["period"]["start"][:10] + " ---\n    "
@@ -283,8 +279,6 @@ def _print_applied(counts: dict[str, int], n_entries: int, elapsed: float, metri
 
 def _ask_medications(settings: Settings) -> None:
     """The demo's question to the patient's memory, and the evidence packet it is answered from."""
-    from schemas.query import QueryRequest
-
     service = query_service(settings)
     answer = asyncio.run(service.answer(QueryRequest(request_id="demo-notes", patient_id=DEMO_NOTES_PATIENT,
                                                      question="Which medications is the patient taking?",

@@ -7,10 +7,12 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import sys
 from typing import Any
 
 from stam.cli.context import load_settings
+from stam.errors import PortInUse, SourceConfigError
 
 
 async def _serve(listener: Any, settings: Any, announce: bool) -> None:
@@ -66,7 +68,6 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update=overrides)
 
 
-    from stam.errors import PortInUse, SourceConfigError
     from stam.mllp import MllpListener
     from workers.ops import claim_port, start_metrics
 
@@ -89,8 +90,6 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
 
 
 async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
-    import ssl
-
     from aiohttp import web
 
     from stam.backends.redis_state import RedisStateStore
@@ -160,7 +159,6 @@ def cmd_listen_fhir(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update=overrides)
 
 
-    from stam.errors import PortInUse
     from workers.ops import claim_port, start_metrics
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)

@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from stam.cli.context import LazyBar, load_settings
+from stam.errors import InputRefused, SourceConfigError
 from stam.sources.base import format_names
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 
@@ -44,7 +45,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
     from aiokafka.errors import KafkaError
 
-    from stam.errors import InputRefused, SourceConfigError
     from stam.integrity import source_keys
     from stam.publish import PublishSummary, publish_paths, report
 

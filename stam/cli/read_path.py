@@ -8,16 +8,18 @@ import json
 import logging
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+from schemas.query import GateMode, QueryRequest, Visibility
 from schemas.wire import Category
 from stam.cli.context import load_settings, query_service
+from stam.errors import PortInUse, TokenConfigError
 
 
 def cmd_query_worker(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
 
-    from stam.errors import PortInUse
     from workers.query_consumer import run
 
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
@@ -30,7 +32,6 @@ def cmd_query_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from stam.errors import TokenConfigError
     from stam.read.scopes import new_token
 
     settings = load_settings(needs=())
@@ -47,10 +48,6 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
-    from datetime import datetime
-
-    from schemas.query import GateMode, QueryRequest
-
     as_of = None
     if args.as_of:
         try:
@@ -60,16 +57,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
                   "2019-06-01T08:30:00Z)", file=sys.stderr)
             return 2
         if as_of.tzinfo is None:
-            from datetime import UTC
-
             as_of = as_of.replace(tzinfo=UTC)
     # The user's own arguments first (above), then the stores; the transition log (the broker) only for
     # --as-of-version.
     settings = load_settings(needs=("redis", "milvus") + (("broker",) if args.as_of_version is not None else ()))
     visibility = None
     if args.exclude_entry or args.exclude_category or args.exclude_source_type:
-        from schemas.query import Visibility
-
         visibility = Visibility(exclude_entry_ids=tuple(args.exclude_entry),
                                 exclude_categories=tuple(args.exclude_category),
                                 exclude_source_types=tuple(args.exclude_source_type))
@@ -108,8 +101,6 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 def cmd_gate(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("redis", "milvus"))  # first: no stack, no imports of the stores
-
-    from pathlib import Path
 
     from stam.read.calibrate import labelled_set, load_set, replay
     from stam.read.store_gate import calibrate, write_gate_file

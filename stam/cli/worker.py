@@ -6,10 +6,10 @@ import argparse
 import sys
 
 from stam.cli.context import load_settings
+from stam.errors import PortInUse, StagesBacklog, UnknownStage
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from stam.errors import PortInUse, StagesBacklog, UnknownStage
     from workers.main import parse_stages, run
 
     try:

@@ -23,6 +23,7 @@ from stam.deletion.candidates import select
 from stam.deletion.gate import Gate
 from stam.deletion.scorer import render
 from stam.ids import digest
+from topology import topics as t
 
 ORDER_MAX_MEMORIES = 256
 """Memories per order: an order of 256 ids with verdicts stays far below the broker's message limit."""
@@ -89,7 +90,6 @@ async def publish_orders(settings: Any, items: Sequence[DeletionOrder], sealer: 
     """Send the orders to ``stam.deletions.v1``, sealed for their patients and keyed by pseudonym like every STAM
     message, and wait until the broker has each. Returns how many were sent."""
     from stam.crypto import sealer_for
-    from topology import topics as t
     from topology.admin import producer
 
     if not items:

@@ -20,6 +20,7 @@ import redis
 from stam.config import Settings
 from stam.crypto import KeyStore, Sealer, load_master_key
 from stam.errors import Erased, KeyConfigError, SealBroken
+from stam.transport import kafka_consumer
 from topology import topics as t
 
 
@@ -81,7 +82,6 @@ async def raw_topic_scan(settings: Settings, needles: list[bytes], sealer: Any =
     # the register alone).
     from aiokafka import TopicPartition
 
-    from stam.transport import kafka_consumer
     from topology.admin import read_to_end
 
     consumer = kafka_consumer(settings, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest")

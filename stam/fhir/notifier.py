@@ -39,6 +39,7 @@ from stam.fhir.store import SubscriptionStore
 from stam.fhir.subscriptions import FHIR_JSON, Subscription
 from stam.fhir.topics import matching
 from stam.metrics import FHIR_DELIVERY_SECONDS, FHIR_EVENTS, FHIR_NOTIFICATIONS, FHIR_SUBSCRIPTIONS
+from topology import topics as t
 
 log = logging.getLogger("stam.fhir")
 
@@ -89,7 +90,6 @@ class Notifier:
         import aiohttp
 
         from stam.transport import kafka_consumer
-        from topology import topics as t
 
         ctx = ssl.create_default_context(cafile=str(self.settings.fhir_endpoint_cafile)
                                          if self.settings.fhir_endpoint_cafile else None)

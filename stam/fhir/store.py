@@ -23,6 +23,7 @@ import json
 from typing import Any
 
 from stam.errors import Erased, SealBroken
+from stam.fhir.resources import patient_id_for
 from stam.fhir.subscriptions import Subscription
 
 _NUMBER = """
@@ -123,8 +124,6 @@ def erase_patient_subscriptions(client: Any, prefix: str, patient_id: str) -> in
     """Delete the Subscriptions filtered to the patient (by STAM's patient id, or the id notifications render it
     as), with their numbers and kept events (``stam erase``: a Subscription's filter names its patient in the
     clear). The number deleted."""
-    from stam.fhir.resources import patient_id_for
-
     forms = {patient_id, patient_id_for(patient_id, False)}
     p = f"{prefix}:fhir"
     gone = 0

@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from pydantic import ValidationError
+
 from schemas import Category
 from stam.errors import SubscriptionRefused
 from stam.fhir.resources import CATEGORY_SYSTEM, Version
@@ -197,8 +199,6 @@ def parse(body: dict[str, Any], sub_id: str, *, allow_plain_loopback: bool, now:
 
 
 def _validate_model(body: dict[str, Any], version: Version) -> None:
-    from pydantic import ValidationError
-
     if version == "R5":
         from fhir.resources.subscription import Subscription as Model
     else:

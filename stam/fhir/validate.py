@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from stam.fhir.resources import Version
 
 NOTIFICATION_TYPES = "('handshake' | 'heartbeat' | 'event-notification' | 'query-status' | 'query-event')"
@@ -94,7 +96,6 @@ def check_notification(bundle: dict[str, Any], version: Version) -> list[str]:
     """What is wrong with a notification Bundle of ``version`` (empty: nothing)."""
     import fhirpathpy
     from fhirpathpy.models import models
-    from pydantic import ValidationError
 
     model = models["r5" if version == "R5" else "r4"]
     problems: list[str] = []

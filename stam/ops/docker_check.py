@@ -27,10 +27,14 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from stam.config import Settings
+from stam.llm.weights import MODELS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,8 +196,6 @@ def check_dockerfiles(rep: Report) -> None:
 # --- compose ----------------------------------------------------------------------------------------------
 
 def _settings_fields() -> set[str]:
-    from stam.config import Settings
-
     return set(Settings.model_fields)
 
 
@@ -370,8 +372,6 @@ def check_monitoring(rep: Report, compose: dict[str, Any] | None) -> None:
 
 def _closure(roots: list[str]) -> dict[str, int]:
     """Installed size in bytes of each distribution in the dependency closure of ``roots`` (this environment)."""
-    from importlib import metadata
-
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
@@ -401,15 +401,12 @@ def sizes(root: Path = ROOT) -> dict[str, Any]:
     """Measured here: the Python packages each image installs, summed from this environment's installed files
     (the same pinned versions the Dockerfiles install; the registry here serves a CPU torch, as the worker
     image's torch index does). Not measured: base images and layers, which need an engine."""
-    from importlib import metadata
-
     src = sum(f.stat().st_size for d in ("schemas", "stam", "topology", "workers")
               for f in (root / d).rglob("*") if f.is_file() and "__pycache__" not in f.parts)
     core = [str(r) for r in (metadata.distribution("stam").requires or []) if "extra ==" not in str(r)]
     worker = {k: v for k, v in _closure(core).items() if k not in EMBEDDED_ONLY}
     serving = _closure(["llama-cpp-python", "ray[serve]", "fastapi", "pydantic"])
     mib = 1 << 20
-    from stam.llm.weights import MODELS
     return {
         "note": "site-packages bytes of each image's Python environment, summed over installed files here "
                 "(worker: without the embedded stack's packages, as Dockerfile.worker removes them); base image "

@@ -41,8 +41,12 @@ from typing import Any
 
 from schemas import LIFECYCLE_REASONS, AtomicMemory, Store, TransitionEvent, TransitionKind
 from stam.config import Settings
+from stam.crypto import sealer_for
+from stam.errors import Erased
 from stam.patient_state import PatientState, is_encounter_record, lifecycle_of
 from stam.rebuild import replay
+from stam.transport import kafka_consumer
+from topology import topics as t
 
 
 def state_at_version(patient_id: str, events: Iterable[TransitionEvent], version: int) -> PatientState:
@@ -184,10 +188,6 @@ async def read_patient_transitions(settings: Settings, patient_id: str, sealer: 
     from aiokafka import TopicPartition
     from aiokafka.partitioner import DefaultPartitioner
 
-    from stam.crypto import sealer_for
-    from stam.errors import Erased
-    from stam.transport import kafka_consumer
-    from topology import topics as t
     from topology.admin import read_to_end
 
     sealer = sealer or sealer_for(settings)

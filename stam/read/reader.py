@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from stam.llm.client import LLMClient, Usage
 from stam.llm.prompt import prompt
+from stam.llm.weights import ensure_gguf
 
 SYSTEM = ("You answer questions about one patient using only the evidence given: the patient's record with the "
           "time of each fact. A fact marked [current] holds at the time of the record; earlier values and ended "
@@ -68,8 +69,6 @@ class LocalReader:
                  system: str = SYSTEM) -> None:
         from llama_cpp import Llama
 
-        from stam.llm.weights import ensure_gguf
-
         self.name = model
         self.system = system
         self._max_tokens = max_tokens
@@ -86,6 +85,4 @@ class LocalReader:
         return str(out["choices"][0]["message"]["content"] or "").strip()
 
     async def answer(self, question: str, evidence: str) -> str:
-        import asyncio
-
         return await asyncio.to_thread(self.answer_sync, question, evidence)

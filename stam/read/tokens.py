@@ -8,6 +8,8 @@ load offline); counts are then the reader's own.
 
 from __future__ import annotations
 
+import json
+import os
 from functools import lru_cache
 from typing import Any, Protocol
 
@@ -64,9 +66,6 @@ class WordPieceTokenizer:
 @lru_cache(maxsize=4)
 def load_tokenizer(name: str) -> HFTokenizer | WordPieceTokenizer:
     """``name``: an embedding model name (its packaged tokenizer) or a local tokenizer folder."""
-    import json
-    import os
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from stam.embedding import resolve_model_path
 

@@ -13,6 +13,7 @@ Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replac
 """
 
 import asyncio
+import ctypes
 import json
 import re
 import time
@@ -21,10 +22,13 @@ from typing import Any
 
 # FastAPI resolves endpoint annotations at runtime; Ray pickles the deployment class by value, so this
 # module keeps real (not postponed) annotations and imports Request at the top.
-from fastapi import Request
+from fastapi import FastAPI, HTTPException, Request
 
+from stam.llm.weights import ensure_gguf
 from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
+from stam.serving.gguf_lora import to_gguf
 from stam.serving.http import chat_body, model_list
+from stam.serving.vllm_app import build_vllm_app
 
 # No whitespace between a JSON reply's tokens, as vLLM's grammar here (``disable_any_whitespace``, see
 # ``stam.serving.config``): both engines lead a model down the same tokens, replies are shorter, and the
@@ -68,8 +72,6 @@ def _load_llama_adapter(llm: Any, source: str) -> Any:
     """A LoRA adapter loaded on the llama.cpp model (a peft folder is converted to GGUF once)."""
     import llama_cpp
 
-    from stam.serving.gguf_lora import to_gguf
-
     path = source if source.endswith(".gguf") else str(to_gguf(Path(source)))
     adapter = llama_cpp.llama_adapter_lora_init(llm.model, path.encode())
     if not adapter:
@@ -79,8 +81,6 @@ def _load_llama_adapter(llm: Any, source: str) -> Any:
 
 def _use_llama_adapter(llm: Any, adapter: Any | None) -> None:
     """Apply ``adapter`` (scale 1: alpha / rank as trained) to the context, or none."""
-    import ctypes
-
     import llama_cpp
 
     if adapter is None:
@@ -112,7 +112,6 @@ async def _finish_even_if_cancelled(generation: asyncio.Future[Any]) -> Any:
 
 
 def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
-    from fastapi import FastAPI, HTTPException
     from ray import serve
 
     api = FastAPI(title="STAM language model (llama.cpp)")
@@ -123,8 +122,6 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
     class LlamaCppServer:
         def __init__(self, cfg: dict[str, Any]) -> None:
             from llama_cpp import Llama
-
-            from stam.llm.weights import ensure_gguf
 
             self.cfg = LlamaCppEngine.model_validate(cfg)
             path = self.cfg.gguf or str(ensure_gguf(self.cfg.model_id))
@@ -177,8 +174,6 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
 
 def build_app(config: ServingConfig) -> Any:
     if isinstance(config.engine, VllmEngine):
-        from stam.serving.vllm_app import build_vllm_app
-
         return build_vllm_app(config.engine)
     return build_llamacpp_app(config.engine)
 

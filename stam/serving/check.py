@@ -28,7 +28,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from stam.llm.client import LLMClient
+from stam.llm.convert import ensure_hf
+from stam.llm.weights import cache_dir
 from stam.net import free_port
+from stam.reasoning import prompts
+from stam.serving.adapters import read_meta, untrained_adapter
+from stam.serving.options import installed_vllm_device
 
 MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 NOTE_FILE = Path("synthea-bulk-10p") / "DocumentReference.000.ndjson"
@@ -84,13 +90,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compiled", action="store_true", help="let vLLM compile (slower start) instead of --eager")
     ap.add_argument("--log", type=Path, default=None, help="the server's output (default: a temporary file)")
     args = ap.parse_args(argv)
-
-    from stam.llm.client import LLMClient
-    from stam.llm.convert import ensure_hf
-    from stam.llm.weights import cache_dir
-    from stam.reasoning import prompts
-    from stam.serving.adapters import read_meta, untrained_adapter
-    from stam.serving.options import installed_vllm_device
 
     result: dict[str, Any] = {"ok": False, "engine": "vllm", "model": MODEL}
     base = ensure_hf(MODEL)

@@ -10,11 +10,15 @@ so this module writes the same with the ``gguf`` package. The file is cached bes
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
+import tempfile
 from pathlib import Path
 
 from stam.errors import WeightsError
+from stam.llm.weights import cache_dir
 
 GGUF_NAME = "adapter.gguf"
 _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weight$")
@@ -23,12 +27,6 @@ _KEY = re.compile(r"^base_model\.model\.(?P<module>.+)\.lora_(?P<ab>[AB])\.weigh
 def default_out(adapter: Path) -> Path:
     """Where the converted adapter goes: beside it, or, where that folder is read-only (a mounted volume in a
     container with a read-only root), in a writable cache named after the folder's path."""
-    import hashlib
-    import os
-    import tempfile
-
-    from stam.llm.weights import cache_dir
-
     if os.access(adapter, os.W_OK):
         return adapter / GGUF_NAME
     key = hashlib.sha256(str(adapter.resolve()).encode()).hexdigest()[:16]

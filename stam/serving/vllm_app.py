@@ -23,8 +23,9 @@ import time
 import uuid
 from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, HTTPException, Request
 
+from stam.llm.convert import ensure_hf
 from stam.serving.config import VllmEngine, vllm_deployment_options, vllm_engine_kwargs
 from stam.serving.http import chat_body, model_list
 
@@ -33,7 +34,6 @@ def model_path(engine: VllmEngine) -> str:
     """Where the replica loads weights from: ``model_source``, or the packaged model converted once."""
     if engine.model_source:
         return engine.model_source
-    from stam.llm.convert import ensure_hf
 
     return str(ensure_hf(engine.model_id))
 
@@ -71,7 +71,6 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_vllm_app(engine: VllmEngine) -> Any:
-    from fastapi import FastAPI, HTTPException
     from ray import serve
 
     api = FastAPI(title="STAM language model (vLLM)")

@@ -10,6 +10,7 @@ import orjson
 
 from schemas import DeletionOrder, Store, TransitionEvent, TransitionKind
 from stam.backends.base import Commit
+from stam.deletion.candidates import keep_now
 from stam.ids import transition_id
 from stam.stages.deps import Deps, UpdateResult
 from stam.stages.update import PatientWork, committed, decode_outbox
@@ -28,8 +29,6 @@ def delete_batch(orders: Sequence[DeletionOrder], deps: Deps) -> list[DeletionRe
 
 
 def _delete_batch_once(orders: Sequence[DeletionOrder], deps: Deps) -> list[DeletionResult]:
-    from stam.deletion.candidates import keep_now
-
     work: dict[str, PatientWork] = {}
     deleted: dict[str, list[str]] = {}
     entries: dict[str, set[str]] = {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,8 +63,6 @@ def _candidates(args: argparse.Namespace, subjects: list[str] | None,
                 embedder: Any) -> tuple[Types, dict[str, int]]:
     """The replay of --source on private stores (kept in --replay-dir when given) and the gate's candidate concept
     types in it, with what the keep rules held back."""
-    import tempfile
-
     from stam.deletion.run import candidate_types
 
     with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:

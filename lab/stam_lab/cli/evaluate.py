@@ -6,19 +6,23 @@ import argparse
 import asyncio
 import json
 import os
+import random
+import shutil
 import sys
+import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from stam.cli.context import LazyBar, add_replay_options, check_sources, emit_report, table
 from stam.sources.mimic import TABLES as MIMIC_TABLES
 from stam_lab.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
+from stam_lab.eval.mimic_qa import balanced_sample, build_questions, read_jsonl, write_jsonl
 from stam_lab.eval.provenance import stamp
 
 
 def cmd_eval_state(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
-    import tempfile
 
     from stam.embedding import Embedder
     from stam_lab.eval.state_eval import VARIANTS, evaluate_mimic
@@ -70,10 +74,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
-    import tempfile
-
     from stam.read.reader import LocalReader, OpenAIReader
-    from stam_lab.eval.mimic_qa import balanced_sample, build_questions, read_jsonl
     from stam_lab.eval.qa_run import READER_SYSTEM, evaluate_qa
 
     root = Path(args.mimic)
@@ -112,8 +113,6 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="stam-eval-qa-") as work:
         workdir = Path(args.replay_dir or work)
         if gate is not None and args.replay_dir and (workdir / "stam").is_dir():
-            import shutil
-
             # Deletion changes the stores: a kept replay is used through a copy, and stays as it was.
             shutil.copytree(workdir / "stam", Path(work) / "stam")
             workdir = Path(work)
@@ -146,8 +145,6 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
 def cmd_eval_gate(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
-    import random
-    import tempfile
 
     from stam.compose import local_query_service
     from stam.embedding import Embedder
@@ -155,7 +152,6 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
     from stam.read.store_gate import StoreGate, calibrate, write_gate_file
     from stam.read.tokens import load_tokenizer
     from stam_lab.eval.gate_eval import labelled_samples, mimic_samples, report, synthea_items
-    from stam_lab.eval.mimic_qa import build_questions
     from stam_lab.eval.qa_run import READER_SYSTEM
     from stam_lab.eval.state_eval import replay_mimic
 
@@ -213,10 +209,6 @@ def cmd_eval_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_questions(args: argparse.Namespace) -> int:
-    from collections import Counter
-
-    from stam_lab.eval.mimic_qa import build_questions, write_jsonl
-
     subjects = args.subjects.split(",") if args.subjects else None
     questions = build_questions(Path(args.mimic), per_patient=args.per_patient, seed=args.seed, subjects=subjects)
     write_jsonl(questions, Path(args.out))
@@ -229,7 +221,6 @@ def cmd_eval_questions(args: argparse.Namespace) -> int:
 
 def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
-    import tempfile
 
     from stam.embedding import Embedder
     from stam_lab.eval import lifecycle

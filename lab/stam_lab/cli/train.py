@@ -9,6 +9,10 @@ import signal
 import sys
 from pathlib import Path
 
+from stam.errors import ServeOptionError, TrainingError, WeightsError
+from stam.net import free_port
+from stam_lab.training.lora import Recipe, check_traces, train
+
 DEFAULT_TEACHER = "qwen2.5-coder-1.5b-instruct-q4_k_m"
 DEFAULT_STUDENT = "qwen2.5-coder-0.5b-instruct-q4_k_m"
 GOLD = Path("benchmarks/gold/synthea_notes.json")
@@ -37,8 +41,6 @@ def cmd_traces(args: argparse.Namespace) -> int:
           file=sys.stderr)
     url, stop = args.teacher_url, None
     if not url:
-        from stam.errors import ServeOptionError, WeightsError
-        from stam.net import free_port
         from stam.serving.app import run
         from stam.serving.config import ServingConfig
         from stam.serving.options import local_engine
@@ -59,7 +61,6 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
             serve.shutdown()  # type: ignore[no-untyped-call]
             ray.shutdown()
-    from stam.errors import TrainingError
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # kill PID (a service manager's stop) ends the run as Ctrl-C does
@@ -89,9 +90,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 
 def cmd_lora(args: argparse.Namespace) -> int:
-    from stam.errors import TrainingError, WeightsError
     from stam.llm.convert import ensure_hf
-    from stam_lab.training.lora import Recipe, check_traces, train
 
     try:
         check_traces(args.module, args.traces)
@@ -151,7 +150,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="go on with the unfinished run in --out (same options): finished patients are kept "
                    "(Ctrl-C or SIGTERM stops a run after the current entries)")
     t.set_defaults(fn=cmd_traces)
-    from stam_lab.training.lora import Recipe
 
     r = Recipe()
     lo = tsub.add_parser("lora", help="train one write module's LoRA adapter on traces (peft)",

