@@ -117,6 +117,7 @@ def build_query_service(settings: Settings, deps: Deps, sealer: Sealer) -> Query
     """The deployment's query service: the write path's stores and embedding model, the packet tokenizer, the
     calibrated store gate, the timeline cache, the reader named by ``STAM_READER_URL`` (none: packets only) and
     the transition log for ``as_of`` queries (opened with ``sealer``)."""
+    # deferred: stam.read.service pulls in aiokafka, grpc
     from stam.read.service import QueryService, TimelineCache
 
     reader = None
@@ -142,6 +143,7 @@ def local_query_service(deps: Deps, *, embedder: Embedder | None = None, tokeniz
     """A query service over ``deps`` for evaluation, benchmarks and tests: the deps' embedder and states unless
     given (an evaluation may read through another view of the states), the packaged MiniLM tokenizer, the
     default store gate, no reader."""
+    # deferred: stam.read.service pulls in aiokafka, grpc
     from stam.read.service import QueryService
 
     return QueryService(states=states or deps.states, vectors=deps.vectors, embedder=embedder or deps.embedder,

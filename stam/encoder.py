@@ -53,6 +53,7 @@ class MeanPooledBert:
     normalize_embeddings=True)`` gives them."""
 
     def __init__(self, root: Path, config: dict[str, Any], max_seq_length: int) -> None:
+        # deferred: torch, safetensors, tokenizers are slow to import
         import torch
         from safetensors.torch import load_file
         from tokenizers import Tokenizer

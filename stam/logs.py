@@ -69,6 +69,7 @@ def faust_worker(app: Any, settings: Settings, loglevel: str = "info") -> Any:
     the root logger to DEBUG and adds a DEBUG handler, for the life of the process. Every debug call of aiokafka
     and Faust (one per message sent) then builds a LogRecord that no handler prints: 6% of a busy worker's samples
     in a py-spy profile of the whole MIMIC-IV demo. Without the spinner the root logger keeps the level asked."""
+    # deferred: faust is slow to import
     import faust
 
     worker = faust.Worker(app, loglevel=loglevel, **faust_logging(settings, loglevel))

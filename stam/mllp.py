@@ -276,6 +276,7 @@ class MllpListener:
         self._inflight: dict[str, list[Any]] = {}  # key -> [lock, users]: one message key handled at a time
 
     async def start(self) -> None:
+        # deferred: stam.publish, stam.transport pull in igraph, redis, numpy
         from stam.publish import Publisher
         from stam.transport import async_redis_client
 
@@ -405,6 +406,7 @@ class MllpListener:
         except (ListenerUnavailable, TimeoutError, ConnectionError, OSError) as exc:
             return reply("reject", "unavailable", f"not stored, send it again: {_unavailable(exc)}")
         except Exception as exc:
+            # deferred: aiokafka, redis.exceptions are slow to import
             from aiokafka.errors import KafkaError
             from redis.exceptions import RedisError
 
@@ -415,6 +417,7 @@ class MllpListener:
             return reply("reject", "bug", "internal error in the listener; not stored, send it again")
 
     async def _ingest(self, frame: Frame, header: Header | None, reply: Callable[..., Outcome]) -> Outcome:
+        # deferred: stam.publish pulls in igraph, redis, numpy
         from stam.publish import PublishSummary
 
         summary = PublishSummary()

@@ -155,6 +155,7 @@ def recover(settings: Settings, deps: Deps, *, at_least: int = 0) -> RecoveryRep
     durability marks above ``at_least`` (the checkpoint's counter), so its next checkpoint is not behind.
 
     Blocking (runs the log read on its own event loop): call it on the stage thread."""
+    # deferred: stam.rebuild pulls in igraph, numpy, immutables
     from stam.rebuild import rebuild
 
     started = time.monotonic()
@@ -193,6 +194,7 @@ def recover(settings: Settings, deps: Deps, *, at_least: int = 0) -> RecoveryRep
 
 
 def _erasure_register(settings: Settings, deps: Deps) -> Any:
+    # deferred: stam.erase pulls in igraph, numpy, immutables
     from stam.erase import ErasureRegister
 
     client = getattr(deps.states, "_r", None)

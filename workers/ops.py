@@ -189,6 +189,7 @@ class Readiness:
             raise
 
     async def _model(self) -> str | None:
+        # deferred: aiohttp is slow to import
         import aiohttp
 
         headers = {"Authorization": f"Bearer {self.model_key}"} if self.model_key else {}
@@ -277,6 +278,7 @@ class LagMonitor:
     async def update(self, *, now: float | None = None) -> dict[tuple[str, int], int]:
         """One round: the lag of every assigned partition (also returned, for tests). An idle worker's round
         that is not due yet asks the broker nothing and returns the last lags."""
+        # deferred: aiokafka is slow to import
         from aiokafka import TopicPartition
 
         held = self.assigned()
@@ -328,6 +330,7 @@ class LagMonitor:
 
 def install(app: Any, settings: Settings, *, group: str, readiness: Readiness) -> LagMonitor:
     """``/healthz`` and ``/readyz`` on the app's web server, the readiness gauge and the lag gauge (timers)."""
+    # deferred: faust is slow to import
     import faust
 
     @app.page("/healthz")

@@ -83,6 +83,7 @@ def build_service(settings: Settings, runtime: Runtime) -> QueryService:
 
 def limit_threads(n: int) -> None:
     """Torch intra-op and BLAS thread pools of this process to ``n`` (query latency; see Settings)."""
+    # deferred: torch, threadpoolctl are slow to import
     import torch
     from threadpoolctl import threadpool_limits
 

@@ -95,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # deferred: stam.logs pulls in orjson (kept off `stam --help`)
     from stam.logs import configure
 
     try:
@@ -174,6 +175,7 @@ def _label(args: argparse.Namespace, value: str, argv: list[str]) -> str:
 def unreachable(exc: BaseException) -> str | None:
     """The service ``exc`` says could not be reached (Redis, the broker, Milvus), or None: connection failures
     only, not a server's refusal or a bug."""
+    # deferred: redis, aiokafka, pymilvus are slow to import (kept off `stam --help`)
     import redis
     from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError
     from pymilvus import MilvusException

@@ -27,6 +27,7 @@ def load_settings(needs: Iterable[str] = tuple(SERVICES)) -> Settings:
     (``STAM_BROKER_URL``, ``STAM_REDIS_URL``, ``STAM_MILVUS_URI``) must come from a stack recorded in the home;
     where there is none this refuses (:class:`StackError`, one line) rather than fall back to a default address
     or to a private store created in the home (an empty store answers "no memory for patient")."""
+    # deferred: stam.stack (kept off `stam --help`)
     from stam import stack
 
     base = Settings()
@@ -58,6 +59,7 @@ def stack_env(settings: Settings) -> dict[str, str]:
 
 
 def query_service(settings: Settings) -> Any:
+    # deferred: workers.query_consumer, workers.runtime pull in pymilvus, igraph, aiohttp (kept off `stam --help`)
     from workers.query_consumer import build_service
     from workers.runtime import Runtime
 
@@ -121,6 +123,7 @@ class LazyBar:
         if self._bar is None:
             if done <= 0:
                 return
+            # deferred: tqdm is slow to import (kept off `stam --help`)
             from tqdm import tqdm
 
             self._bar = tqdm(file=sys.stderr, **self._kwargs)

@@ -17,6 +17,7 @@ def cmd_deadletters(args: argparse.Namespace) -> int:
     """list|show|replay|dismiss: read the dead-letter topic from offset 0; act on one dead letter by its id."""
     settings = load_settings(needs=("broker", "redis"))  # first: no stack, no imports of the stores
 
+    # deferred: redis, aiokafka are slow to import; stam.deadletters and others pull in igraph (kept off `stam --help`)
     import redis
     from aiokafka.errors import KafkaError
 

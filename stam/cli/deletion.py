@@ -23,6 +23,7 @@ GUARANTEE = ("What tau guarantees, as narrowly as the paper states it: if the co
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    # deferred: stam.deletion.gate pulls in numpy (kept off `stam --help`)
     from stam.deletion.gate import Gate
 
     try:
@@ -30,6 +31,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"stam deletion sweep: {exc}", file=sys.stderr)
         return 2
+    # deferred: stam.backends.redis_state, stam.deletion.sweep and others pull in igraph, redis (kept off `stam --help`)
     from stam.backends.redis_state import RedisStateStore
     from stam.deletion.sweep import orders, publish_orders, scan, wait_applied
     from stam.embedding import Embedder
@@ -50,6 +52,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"stam deletion sweep: the gate scores {gate.spec.encoder} embeddings; this deployment embeds with "
               f"{embedder.model_name}", file=sys.stderr)
         return 2
+    # deferred: tqdm is slow to import (kept off `stam --help`)
     from tqdm import tqdm
 
     swept, all_orders = [], []

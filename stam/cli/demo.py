@@ -37,6 +37,7 @@ DEMO_TABLES = ("admissions", "poe", "pharmacy", "emar")
 
 def _demo_stack(steps: int) -> tuple[Path, bool, Settings]:
     """Start (or join) the embedded stack of the demo home with its topics; whether this call started it."""
+    # deferred: stam.stack, topology.admin pull in redis, aiokafka (kept off `stam --help`)
     from stam import stack
     from topology.admin import ensure_topics
 
@@ -61,6 +62,7 @@ def _stop(proc: subprocess.Popen[bytes], *, timeout: float) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    # deferred: stam.stack (kept off `stam --help`)
     from stam import stack
 
     bundle = Path(args.bundle)
@@ -80,6 +82,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         patient = result.patient_id or "?"
         print(f"3/7 publishing {len(result.entries)} entries of one Synthea patient "
               f"({sum(result.skipped.values())} non-clinical resources skipped) ...")
+        # deferred: stam.publish pulls in igraph, redis, numpy (kept off `stam --help`)
         from stam.publish import Publisher, PublishSummary
 
         async def publish() -> PublishSummary:
@@ -101,6 +104,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"worker exited early ({worker.returncode}); see {home / 'logs' / 'worker.log'}")
             return 1
         print("5/7 the patient's memory now:\n")
+        # deferred: stam.backends.redis_state, stam.export and others pull in igraph, redis, numpy (kept off `stam --help`)
         from stam.backends.redis_state import RedisStateStore
         from stam.export import render_text
         from stam.transport import redis_client
@@ -136,6 +140,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
     """Step 7: one MIMIC-IV admission through the same worker; its discharge ends the stay's orders (the lifecycle)."""
+    # deferred: stam.publish pulls in igraph, redis, numpy (kept off `stam --help`)
     from stam.publish import Publisher, PublishSummary
 
     if not is_mimic_root(root):
@@ -154,6 +159,7 @@ def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
     asyncio.run(publish())
     counts = asyncio.run(consume_transitions(settings, until_entries={e.entry_id for e in result.entries},
                                               timeout=timeout, show=False, show_entries=discharges))
+    # deferred: stam.backends.redis_state, stam.transport pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.backends.redis_state import RedisStateStore
     from stam.transport import redis_client
 
@@ -169,6 +175,7 @@ def _demo_admission(settings: Settings, root: Path, timeout: float) -> bool:
 
 
 def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
+    # deferred: urllib.request is slow to import (kept off `stam --help`)
     import urllib.request
 
     deadline = time.monotonic() + timeout
@@ -183,6 +190,7 @@ def _wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes]) -> bool:
 
 def cmd_demo_notes(args: argparse.Namespace) -> int:
     """Two real Synthea notes decomposed by the local model, after the patient's coded history."""
+    # deferred: stam.stack, stam.publish pull in igraph, redis, numpy (kept off `stam --help`)
     from stam import stack
     from stam.publish import publish_paths
 
@@ -266,6 +274,7 @@ def _print_notes(notes_raw: list[dict[str, Any]]) -> None:
 
 def _print_applied(counts: dict[str, int], n_entries: int, elapsed: float, metrics_port: int) -> None:
     """How many entries the worker applied, and the model calls and tokens it spent (from its metrics)."""
+    # deferred: urllib.request is slow to import (kept off `stam --help`)
     import urllib.request
 
     metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()

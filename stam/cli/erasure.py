@@ -16,6 +16,7 @@ from stam.config import Settings
 
 
 async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]:
+    # deferred: stam.read.asof pulls in igraph, redis, numpy (kept off `stam --help`)
     from stam.read.asof import read_patient_transitions
 
     return await read_patient_transitions(settings, patient_id)
@@ -24,6 +25,7 @@ async def _patient_transitions(settings: Settings, patient_id: str) -> list[Any]
 def cmd_rebuild(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
 
+    # deferred: stam.compose, stam.rebuild pull in pymilvus, igraph, redis (kept off `stam --help`)
     from stam.compose import build_deps
     from stam.rebuild import rebuild
 
@@ -46,6 +48,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
 
 def _refuse_erased(settings: Settings, patient_id: str) -> bool:
     """An erased patient is never rebuilt from the transition log (the erasure register, or a shredded key)."""
+    # deferred: stam.erase, stam.transport pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.erase import is_erased
     from stam.transport import redis_client
 
@@ -58,6 +61,7 @@ def _refuse_erased(settings: Settings, patient_id: str) -> bool:
 def cmd_erase(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
 
+    # deferred: stam.erase pulls in igraph, redis, numpy (kept off `stam --help`)
     from stam import erase
 
     for name in ("pymilvus", "pymilvus.milvus_client"):
@@ -103,6 +107,7 @@ def cmd_erase(args: argparse.Namespace) -> int:
 
 def _training(args: argparse.Namespace) -> dict[str, list[str]]:
     """Adapters and trace sets under --training-dir that learnt from the patient (stam train records them)."""
+    # deferred: stam.erase.lineage pulls in igraph, redis, numpy (kept off `stam --help`)
     from stam.erase.lineage import trained_on
 
     return trained_on(args.patient, args.training_dir)

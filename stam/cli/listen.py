@@ -16,6 +16,7 @@ from stam.errors import PortInUse, SourceConfigError
 
 
 async def _serve(listener: Any, settings: Any, announce: bool) -> None:
+    # deferred: workers.ops pulls in redis, prometheus_client (kept off `stam --help`)
     from workers.ops import Readiness
 
     await listener.start()
@@ -43,6 +44,7 @@ async def _serve(listener: Any, settings: Any, announce: bool) -> None:
 
 async def _web(settings: Any, readiness: Any) -> Any:
     """GET /healthz (the loop answers) and /readyz (the broker and Redis answer) on STAM_WEB_HOST:STAM_MLLP_WEB_PORT."""
+    # deferred: aiohttp is slow to import (kept off `stam --help`)
     from aiohttp import web
 
     async def healthz(_: web.Request) -> web.Response:
@@ -68,6 +70,7 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update=overrides)
 
 
+    # deferred: stam.mllp, workers.ops pull in redis, prometheus_client (kept off `stam --help`)
     from stam.mllp import MllpListener
     from workers.ops import claim_port, start_metrics
 
@@ -90,6 +93,7 @@ def cmd_listen_mllp(args: argparse.Namespace) -> int:
 
 
 async def _serve_fhir(settings: Any, port: int, announce: bool) -> None:
+    # deferred: aiohttp is slow to import; stam.backends.redis_state and others pull in igraph (kept off `stam --help`)
     from aiohttp import web
 
     from stam.backends.redis_state import RedisStateStore
@@ -159,6 +163,7 @@ def cmd_listen_fhir(args: argparse.Namespace) -> int:
         settings = settings.model_copy(update=overrides)
 
 
+    # deferred: workers.ops pulls in redis, prometheus_client (kept off `stam --help`)
     from workers.ops import claim_port, start_metrics
 
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -214,6 +219,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def _run(name: str, main: Any, tls: str | None = None) -> int:
     """Run a listener's loop to its end. What stops it from starting (the broker or Redis unreachable, a port, TLS
     files that do not load where ``tls`` names their settings) is one line; SIGINT is a stop, not an error."""
+    # deferred: aiokafka is slow to import (kept off `stam --help`)
     from aiokafka.errors import KafkaError
 
     try:

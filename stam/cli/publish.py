@@ -43,6 +43,7 @@ async def _until_interrupted(work: Any) -> bool:
 def cmd_publish(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker",))  # first: no stack, no imports of the stores
 
+    # deferred: aiokafka is slow to import; stam.integrity, stam.publish pull in igraph, redis (kept off `stam --help`)
     from aiokafka.errors import KafkaError
 
     from stam.integrity import source_keys

@@ -20,6 +20,7 @@ from stam.errors import PortInUse, TokenConfigError
 def cmd_query_worker(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("broker", "redis", "milvus"))  # first: no stack, no imports of the stores
 
+    # deferred: workers.query_consumer pulls in pymilvus, igraph, aiohttp (kept off `stam --help`)
     from workers.query_consumer import run
 
     sys.argv = [sys.argv[0], "worker", "-l", args.loglevel]
@@ -32,6 +33,7 @@ def cmd_query_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    # deferred: stam.read.scopes (kept off `stam --help`)
     from stam.read.scopes import new_token
 
     settings = load_settings(needs=())
@@ -71,6 +73,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                        ranking="joint" if args.joint else "separate", labels=not args.no_labels, spans=args.spans,
                        token_budget=args.token_budget, as_of=as_of, as_of_version=args.as_of_version,
                        visibility=visibility)
+    # deferred: stam.read.service pulls in pymilvus, igraph, redis (kept off `stam --help`)
     from stam.read.service import failed_answer
 
     # pymilvus prints a traceback of its own for every failed call, and the service warns of an outage: the
@@ -102,6 +105,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def cmd_gate(args: argparse.Namespace) -> int:
     settings = load_settings(needs=("redis", "milvus"))  # first: no stack, no imports of the stores
 
+    # deferred: stam.read.calibrate, stam.read.store_gate pull in pymilvus, igraph, redis (kept off `stam --help`)
     from stam.read.calibrate import labelled_set, load_set, replay
     from stam.read.store_gate import calibrate, write_gate_file
 

@@ -24,6 +24,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         if not engine.model_source:
             # Converted here, before Ray starts, so a first start shows it and a failure is one line.
+            # deferred: stam.serving.vllm_app pulls in fastapi (kept off `stam --help`)
             from stam.serving.vllm_app import model_path
 
             print(f"preparing {engine.model_id} for vLLM (converted once, ~1 min) ...", file=sys.stderr)
@@ -32,6 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             except WeightsError as exc:
                 print(f"stam serve: {exc}", file=sys.stderr)
                 return 2
+    # deferred: stam.serving.app pulls in fastapi (kept off `stam --help`)
     from stam.serving.app import run
 
     adapters = f", adapters {', '.join(sorted(engine.loras))}" if isinstance(engine, VllmEngine) and engine.loras else ""

@@ -12,12 +12,14 @@ from stam.config import Settings
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
+    # deferred: stam.stack (kept off `stam --help`)
     from stam import stack
 
     home = Settings().home
     if args.action == "up":
         info = stack.up(home)
         settings = load_settings()
+        # deferred: topology.admin pulls in redis, aiokafka (kept off `stam --help`)
         from topology.admin import ensure_topics
 
         asyncio.run(ensure_topics(settings))

@@ -21,6 +21,7 @@ def cmd_state(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))  # first: no stack, no imports of the stores
 
+    # deferred: stam.backends.redis_state, stam.deadletters and others pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.backends.redis_state import RedisStateStore
     from stam.deadletters import gap_line
     from stam.export import export_state, render_text
@@ -50,6 +51,7 @@ def cmd_state(args: argparse.Namespace) -> int:
 def cmd_state_html(args: argparse.Namespace) -> int:
     """The timeline page of the patient with its data inlined (every memory up to ``page.MAX_ITEMS``, or those of
     ``--from``/``--to``; the state as of ``--as-of``): a file to share that opens without a worker."""
+    # deferred: stam.read.page pulls in igraph, redis, numpy (kept off `stam --help`)
     from stam.read import page
 
     try:
@@ -60,6 +62,7 @@ def cmd_state_html(args: argparse.Namespace) -> int:
         return 2
     settings = load_settings(needs=("redis",))
 
+    # deferred: stam.backends.redis_state, stam.deadletters and others pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.backends.redis_state import RedisStateStore
     from stam.deadletters import gap_line
     from stam.transport import redis_client

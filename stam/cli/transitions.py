@@ -40,6 +40,7 @@ async def consume_transitions(settings: Settings, *, until_entries: set[str] | N
                                show_entries: set[str] | None = None) -> dict[str, int]:
     """Follow the transitions and dead-letter topics; print them (``show_entries``: only those entries').
     Sealed values are opened; those of erased patients are skipped."""
+    # deferred: stam.crypto, stam.transport and others pull in redis, cryptography (kept off `stam --help`)
     from stam.crypto import sealer_for
     from stam.transport import kafka_consumer
     from topology import topics as t

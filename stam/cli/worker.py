@@ -10,6 +10,7 @@ from stam.errors import PortInUse, StagesBacklog, UnknownStage
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    # deferred: workers.main pulls in pymilvus, igraph, faust (kept off `stam --help`)
     from workers.main import parse_stages, run
 
     try:

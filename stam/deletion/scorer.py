@@ -82,6 +82,7 @@ def train(vectors: np.ndarray, safe: np.ndarray, *, encoder: str, types: Sequenc
     type weighs the same in the loss, so a type charted 5,000 times does not drown 200 rare ones."""
     if len(vectors) == 0 or len(set(safe.tolist())) < 2:
         raise ValueError("training needs memories of both classes")
+    # deferred: torch is slow to import
     import torch  # here, not at import: scoring with a trained head (the sweep, the worker) needs numpy only
 
     torch.manual_seed(seed)

@@ -89,6 +89,7 @@ def orders(sweep: PatientSweep, gate: Gate, *, now: datetime | None = None,
 async def publish_orders(settings: Any, items: Sequence[DeletionOrder], sealer: Any = None) -> int:
     """Send the orders to ``stam.deletions.v1``, sealed for their patients and keyed by pseudonym like every STAM
     message, and wait until the broker has each. Returns how many were sent."""
+    # deferred: stam.crypto, topology.admin pull in redis, aiokafka, cryptography
     from stam.crypto import sealer_for
     from topology.admin import producer
 

@@ -94,6 +94,7 @@ def plan(settings: Settings, patient_id: str, *, client: redis.Redis | None = No
 
 async def _publish_receipt(settings: Settings, receipt: bytes, key: bytes) -> None:
     # Deferred: topology.admin brings aiokafka, a heavy import that only publishing needs.
+    # deferred: topology.admin pulls in aiokafka
     from topology.admin import ensure_topics, producer
 
     await ensure_topics(settings)

@@ -107,6 +107,7 @@ def parquet_strings(path: Path) -> Iterable[bytes]:
     """String values of a Parquet (Milvus Lite segment) or Arrow (its WAL) file: a compressed page may hide a
     value from a byte search."""
     # Deferred: pyarrow is a heavy import (it comes with Milvus Lite) that only the scan of Milvus's files needs.
+    # deferred: pyarrow is slow to import
     import pyarrow as pa
     import pyarrow.parquet as pq
 

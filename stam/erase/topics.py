@@ -80,6 +80,7 @@ async def raw_topic_scan(settings: Settings, needles: list[bytes], sealer: Any =
     bytes, and with ``sealer`` what every envelope that still opens holds (an erased patient's do not)."""
     # Deferred: aiokafka is a heavy import that only the topic scan needs (stam rebuild imports this package for
     # the register alone).
+    # deferred: aiokafka is slow to import; topology.admin only on this path
     from aiokafka import TopicPartition
 
     from topology.admin import read_to_end

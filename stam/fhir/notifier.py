@@ -87,6 +87,7 @@ class Notifier:
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
+        # deferred: aiohttp is slow to import; stam.transport pulls in redis
         import aiohttp
 
         from stam.transport import kafka_consumer
@@ -221,6 +222,7 @@ class Notifier:
 
     async def _post(self, sub: Subscription, bundle: dict[str, Any], kind: str) -> None:
         """POST one notification; :class:`SubscriberUnreachable` when the endpoint does not take it."""
+        # deferred: aiohttp is slow to import
         import aiohttp
 
         fhir_version = "4.3" if sub.version == "R4B" else "5.0"

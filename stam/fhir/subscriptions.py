@@ -200,8 +200,10 @@ def parse(body: dict[str, Any], sub_id: str, *, allow_plain_loopback: bool, now:
 
 def _validate_model(body: dict[str, Any], version: Version) -> None:
     if version == "R5":
+        # deferred: fhir.resources' models are slow to import
         from fhir.resources.subscription import Subscription as Model
     else:
+        # deferred: fhir.resources' models are slow to import
         from fhir.resources.R4B.subscription import Subscription as Model  # type: ignore[assignment]
     try:
         Model.model_validate(body)

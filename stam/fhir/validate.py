@@ -84,9 +84,11 @@ ENCOUNTER_STATUS: dict[Version, str] = {
 
 def _models(version: Version) -> tuple[Any, Any]:
     if version == "R5":
+        # deferred: fhir.resources' models are slow to import
         from fhir.resources import get_fhir_model_class
         from fhir.resources.bundle import Bundle
     else:
+        # deferred: fhir.resources' models are slow to import
         from fhir.resources.R4B import get_fhir_model_class
         from fhir.resources.R4B.bundle import Bundle  # type: ignore[assignment]
     return Bundle, get_fhir_model_class
@@ -94,6 +96,7 @@ def _models(version: Version) -> tuple[Any, Any]:
 
 def check_notification(bundle: dict[str, Any], version: Version) -> list[str]:
     """What is wrong with a notification Bundle of ``version`` (empty: nothing)."""
+    # deferred: optional fhirpathpy (stam[dev]), not installed everywhere
     import fhirpathpy
     from fhirpathpy.models import models
 

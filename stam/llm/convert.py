@@ -45,6 +45,7 @@ def ensure_hf(name: str) -> Path:
     if missing:
         raise WeightsError(f"converting {name} needs the train extra (make vllm-setup, or pip install -e "
                            f"'.[train]'); missing: {', '.join(missing)}")
+    # deferred: torch, transformers are slow to import
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

@@ -101,6 +101,7 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
 
 def build() -> dict[str, Any]:
     """The dashboard as Grafana JSON (a dict)."""
+    # deferred: optional grafana_foundation_sdk (stam[deploy]), not installed everywhere
     from grafana_foundation_sdk.builders import common as cb
     from grafana_foundation_sdk.builders import dashboard as db
     from grafana_foundation_sdk.builders import prometheus, timeseries

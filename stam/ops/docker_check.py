@@ -220,6 +220,7 @@ def _env_keys(env: Any) -> list[str]:
 
 
 def check_compose(rep: Report, compose_path: Path | None = None) -> dict[str, Any] | None:
+    # deferred: optional jsonschema (stam[deploy]), not installed everywhere
     import jsonschema
 
     path = compose_path or rep.root / "docker" / "compose.yaml"
@@ -372,6 +373,7 @@ def check_monitoring(rep: Report, compose: dict[str, Any] | None) -> None:
 
 def _closure(roots: list[str]) -> dict[str, int]:
     """Installed size in bytes of each distribution in the dependency closure of ``roots`` (this environment)."""
+    # deferred: optional packaging (stam[deploy]), not installed everywhere
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 

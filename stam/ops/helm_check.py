@@ -49,6 +49,7 @@ def load_values(path: Path | None) -> dict[str, Any] | None:
 
 def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The chart rendered offline with ``values`` over values.yaml: every object, in template order."""
+    # deferred: optional helm_python (stam[deploy]), not installed everywhere
     import helm_python as helm
 
     with helm.Chart.load(str(CHART)) as chart:
@@ -63,6 +64,7 @@ def render(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 def lint(values: dict[str, Any] | None = None) -> list[str]:
     """``helm lint --strict``: the warnings and errors (severity >= 2), as lines."""
+    # deferred: optional helm_python (stam[deploy]), not installed everywhere
     import helm_python as helm
 
     report = helm.lint(str(CHART), values, strict=True, kube_version=f"v{KUBE_VERSION}")
@@ -85,6 +87,7 @@ def _strict(node: Any) -> Any:
 
 @cache
 def _crd_validator(filename: str) -> Any:
+    # deferred: optional jsonschema (stam[deploy]), not installed everywhere
     import jsonschema
 
     schema = _strict(json.loads((SCHEMAS / filename).read_text()))
@@ -114,6 +117,7 @@ def _pod_templates(node: Any, path: str = "") -> list[tuple[str, Any]]:
 
 
 def _core(obj: dict[str, Any]) -> list[str]:
+    # deferred: optional kubernetes_validate (stam[deploy]), not installed everywhere
     import kubernetes_validate
 
     try:

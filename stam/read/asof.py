@@ -185,6 +185,7 @@ def state_at_time(patient_id: str, events: Sequence[TransitionEvent], as_of: dat
 async def read_patient_transitions(settings: Settings, patient_id: str, sealer: Any = None) -> list[TransitionEvent]:
     """Every transition of one patient, read from its partition of the transitions topic (keyed by the patient's
     pseudonym, sealed for it: ``stam.crypto``). An erased patient has none."""
+    # deferred: aiokafka is slow to import; topology.admin only on this path
     from aiokafka import TopicPartition
     from aiokafka.partitioner import DefaultPartitioner
 

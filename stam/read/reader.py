@@ -67,6 +67,7 @@ class LocalReader:
 
     def __init__(self, model: str, *, n_ctx: int = 8192, n_threads: int = 2, max_tokens: int = 64,
                  system: str = SYSTEM) -> None:
+        # deferred: optional llama_cpp (stam[llm]), not installed everywhere
         from llama_cpp import Llama
 
         self.name = model

@@ -47,6 +47,7 @@ class WordPieceTokenizer:
     BertTokenizerFast gives (it wraps the same file), without importing transformers at a process's start."""
 
     def __init__(self, path: str, name: str) -> None:
+        # deferred: tokenizers is slow to import
         from tokenizers import Tokenizer as Backend
 
         self._tok = Backend.from_file(path)
@@ -67,6 +68,7 @@ class WordPieceTokenizer:
 def load_tokenizer(name: str) -> HFTokenizer | WordPieceTokenizer:
     """``name``: an embedding model name (its packaged tokenizer) or a local tokenizer folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # deferred: stam.embedding pulls in redis, numpy, pydantic
     from stam.embedding import resolve_model_path
 
     path = resolve_model_path(name)
@@ -75,6 +77,7 @@ def load_tokenizer(name: str) -> HFTokenizer | WordPieceTokenizer:
         with open(config) as fh:
             if json.load(fh).get("tokenizer_class") in ("BertTokenizer", "BertTokenizerFast"):
                 return WordPieceTokenizer(backend, name)
+    # deferred: transformers is slow to import
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)

@@ -28,6 +28,7 @@ def parse(argv: list[str] | None = None) -> ServingConfig:
 
 def main(argv: list[str] | None = None) -> int:
     config = parse(argv)
+    # deferred: stam.serving.app pulls in fastapi
     from stam.serving.app import run
 
     print(f"serving {config.engine.model_id} ({config.engine.kind}) at http://{config.host}:{config.port}/v1",

@@ -29,6 +29,7 @@ def untrained_adapter(base: Path, out: Path, *, rank: int = 8, alpha: int = 16, 
 
     peft's random B matrices, times ``scale``: at full size (and at 0.2) the update is larger than the weights
     it adapts and the 0.5B answers with random tokens; at 0.02 its answer changes but stays a model's answer."""
+    # deferred: optional peft (stam[train]), not installed everywhere; torch, transformers are slow to import
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

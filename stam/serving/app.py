@@ -41,6 +41,7 @@ JSON_SPACE_RULE = 'space ::= ""'
 
 def json_grammar(schema: dict[str, Any]) -> str:
     """GBNF for compact replies valid against ``schema`` (llama-cpp-python's converter, ``JSON_SPACE_RULE``)."""
+    # deferred: optional llama_cpp (stam[llm]), not installed everywhere
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     text, n = re.subn(r"(?m)^space ::= .*$", lambda _m: JSON_SPACE_RULE, json_schema_to_gbnf(json.dumps(schema)))
@@ -63,6 +64,7 @@ def _llama_constraint(fmt: dict[str, Any] | None) -> dict[str, Any]:
         schema = fmt["schema"]
     else:
         raise ValueError(f"unsupported response_format type {fmt.get('type')!r}")
+    # deferred: optional llama_cpp (stam[llm]), not installed everywhere
     from llama_cpp.llama_grammar import LlamaGrammar
 
     return {"grammar": LlamaGrammar.from_string(json_grammar(schema), verbose=False)}
@@ -70,6 +72,7 @@ def _llama_constraint(fmt: dict[str, Any] | None) -> dict[str, Any]:
 
 def _load_llama_adapter(llm: Any, source: str) -> Any:
     """A LoRA adapter loaded on the llama.cpp model (a peft folder is converted to GGUF once)."""
+    # deferred: optional llama_cpp (stam[llm]), not installed everywhere
     import llama_cpp
 
     path = source if source.endswith(".gguf") else str(to_gguf(Path(source)))
@@ -81,6 +84,7 @@ def _load_llama_adapter(llm: Any, source: str) -> Any:
 
 def _use_llama_adapter(llm: Any, adapter: Any | None) -> None:
     """Apply ``adapter`` (scale 1: alpha / rank as trained) to the context, or none."""
+    # deferred: optional llama_cpp (stam[llm]), not installed everywhere
     import llama_cpp
 
     if adapter is None:
@@ -112,6 +116,7 @@ async def _finish_even_if_cancelled(generation: asyncio.Future[Any]) -> Any:
 
 
 def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
+    # deferred: optional ray (stam[llm]), not installed everywhere
     from ray import serve
 
     api = FastAPI(title="STAM language model (llama.cpp)")
@@ -121,6 +126,7 @@ def build_llamacpp_app(engine: LlamaCppEngine) -> Any:
     @serve.ingress(api)
     class LlamaCppServer:
         def __init__(self, cfg: dict[str, Any]) -> None:
+            # deferred: optional llama_cpp (stam[llm]), not installed everywhere
             from llama_cpp import Llama
 
             self.cfg = LlamaCppEngine.model_validate(cfg)
@@ -187,6 +193,7 @@ def build_from_args(args: dict[str, Any]) -> Any:
 def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None,
         log_to_driver: bool | None = None) -> None:
     """Start Ray (local), Serve's HTTP proxy on ``host:port`` and the application."""
+    # deferred: optional ray (stam[llm]), not installed everywhere
     import ray
     from ray import serve
 

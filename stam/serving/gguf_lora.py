@@ -43,6 +43,7 @@ def default_out(adapter: Path) -> Path:
 def to_gguf(adapter: Path, out: Path | None = None, *, arch: str = "qwen2") -> Path:
     """Convert the peft adapter folder ``adapter`` (safetensors) to GGUF; returns the file (``default_out``
     unless ``out`` is given; an existing conversion newer than the weights is reused)."""
+    # deferred: optional gguf (stam[train]), not installed everywhere; numpy, safetensors are slow to import
     import gguf
     import numpy as np
     from safetensors.numpy import load_file

@@ -79,12 +79,14 @@ def local_engine(engine: str, model: str, *, n_ctx: int = 4096,
     """The engine a benchmark or ``stam train traces`` starts in-process for a packaged model: its weights made
     ready first (GGUF joined, or converted once to safetensors for vLLM; ``WeightsError`` if missing), vLLM
     eager on the installed build's device with one replica."""
+    # deferred: stam.llm.weights (kept off `stam --help`)
     from stam.llm.weights import ensure_gguf
 
     if engine == "vllm":
         device = installed_vllm_device()
         if device is None:
             raise ServeOptionError("--engine vllm: vLLM is not installed here (make vllm-setup)")
+        # deferred: stam.llm.convert (kept off `stam --help`)
         from stam.llm.convert import ensure_hf
 
         ensure_hf(model)
@@ -107,6 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServingConfig:
     if args.engine == "vllm":
         wanted = installed_vllm_device() if args.device == "auto" else args.device
         device: Literal["gpu", "cpu"] = "cpu" if wanted == "cpu" else "gpu"
+        # deferred: stam.llm.weights (kept off `stam --help`)
         from stam.llm.weights import MODELS
 
         model = args.model or (DEFAULT_VLLM_CPU_MODEL if device == "cpu" else DEFAULT_VLLM_GPU_MODEL[0])

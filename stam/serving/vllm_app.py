@@ -71,6 +71,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_vllm_app(engine: VllmEngine) -> Any:
+    # deferred: optional ray (stam[llm]), not installed everywhere
     from ray import serve
 
     api = FastAPI(title="STAM language model (vLLM)")
@@ -79,6 +80,7 @@ def build_vllm_app(engine: VllmEngine) -> Any:
     @serve.ingress(api)
     class VllmServer:
         def __init__(self, cfg: dict[str, Any]) -> None:
+            # deferred: optional vllm (make vllm-setup), not installed everywhere
             from vllm import AsyncEngineArgs
             from vllm.config import StructuredOutputsConfig
             from vllm.lora.request import LoRARequest
@@ -100,6 +102,7 @@ def build_vllm_app(engine: VllmEngine) -> Any:
 
         @api.post("/v1/chat/completions")
         async def chat(self, request: Request) -> dict[str, Any]:
+            # deferred: optional vllm (make vllm-setup), not installed everywhere
             from vllm import SamplingParams
             from vllm.sampling_params import StructuredOutputsParams
 

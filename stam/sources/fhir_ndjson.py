@@ -46,6 +46,7 @@ def ndjson_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def _validate(line: bytes) -> dict[str, Any]:
+    # deferred: fhir.resources' models are slow to import (kept off `stam --help`)
     from fhir.resources.R4B import get_fhir_model_class
 
     try:

@@ -130,6 +130,7 @@ class BundleResult(SourceResult):
 
 
 def validate_bundle(raw: dict[str, Any]) -> None:
+    # deferred: fhir.resources' models are slow to import (kept off `stam --help`)
     from fhir.resources.R4B.bundle import Bundle
 
     try:

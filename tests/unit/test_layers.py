@@ -165,3 +165,46 @@ def test_the_private_import_check_finds_one() -> None:
     assert _private_imports({"stam.a": "from stam.b import _x, y\nfrom stam.a import _z\nfrom os import _exit\n",
                              "benchmarks.c": "from tests.integration.broker import _helper\n"}) \
         == ["stam.a: from stam.b import _x", "benchmarks.c: from tests.integration.broker import _helper"]
+
+
+PRODUCT = ("schemas", "stam", "topology", "workers", "stam_lab")
+
+
+def _unmarked_deferred_imports(sources: dict[str, str]) -> list[str]:
+    """Imports inside a function with no comment saying why they are deferred: a comment containing "deferred" on
+    the import's line, or a comment line above it or above the run of imports it belongs to (consecutive import
+    statements: one comment for the run). A module's dependencies are at its top otherwise."""
+    found = []
+    for module, text in sources.items():
+        lines = text.splitlines()
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for owner in ast.walk(fn):
+                for field in ("body", "orelse", "finalbody"):
+                    run_first: int | None = None  # the first line of the run of imports the statement is in
+                    body = getattr(owner, field, None)
+                    for stmt in body if isinstance(body, list) else []:
+                        if not isinstance(stmt, ast.Import | ast.ImportFrom):
+                            run_first = None
+                            continue
+                        run_first = run_first or stmt.lineno
+                        above = [lines[n - 2] for n in (stmt.lineno, run_first) if lines[n - 2].lstrip().startswith("#")]
+                        if not any("#" in line and "deferred" in line.split("#", 1)[1]
+                                   for line in [*lines[stmt.lineno - 1:stmt.end_lineno], *above]):
+                            found.append(f"{module}:{stmt.lineno}: {ast.unparse(stmt)}")
+    return sorted(set(found))
+
+
+def test_every_import_inside_a_function_says_why_it_is_deferred() -> None:
+    """Issue 39: a module's dependencies are at its top, unless a comment says why an import is deferred (an
+    optional or slow dependency kept off a light path such as `stam --help`, a circle it breaks)."""
+    assert _unmarked_deferred_imports({m: p.read_text() for m, p in _modules().items()
+                                       if m.split(".")[0] in PRODUCT}) == []
+
+
+def test_the_deferred_import_check_finds_one() -> None:
+    source = ("import os\n\n\ndef f():\n    # deferred: torch is slow to import\n    import torch\n"
+              "    from transformers import A\n\n    import json\n    x = 1\n    import yaml  # deferred: optional\n"
+              "    import re\n    return x\n")
+    assert _unmarked_deferred_imports({"stam.a": source}) == ["stam.a:12: import re"]

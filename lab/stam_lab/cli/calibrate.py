@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
+    # deferred: stam.deletion.judge, stam.embedding pull in redis, numpy, prometheus_client (kept off `stam --help`)
     from stam.deletion.judge import agreement
     from stam.embedding import Embedder
 
@@ -63,16 +64,19 @@ def _candidates(args: argparse.Namespace, subjects: list[str] | None,
                 embedder: Any) -> tuple[Types, dict[str, int]]:
     """The replay of --source on private stores (kept in --replay-dir when given) and the gate's candidate concept
     types in it, with what the keep rules held back."""
+    # deferred: stam.deletion.run pulls in igraph, numpy, prometheus_client (kept off `stam --help`)
     from stam.deletion.run import candidate_types
 
     with tempfile.TemporaryDirectory(prefix="stam-deletion-") as work:
         print(f"replaying {args.source} ...", file=sys.stderr)
         if args.source == "mimic":
+            # deferred: stam_lab.eval.state_eval pulls in igraph, prometheus_client, orjson (kept off `stam --help`)
             from stam_lab.eval.state_eval import replay_mimic
 
             run = replay_mimic(Path(args.mimic), subjects=subjects, tables=args.tables.split(","), variant="stam",
                                workdir=Path(args.replay_dir or work), embedder=embedder, keep=bool(args.replay_dir))
         else:
+            # deferred: stam_lab.eval.synthea pulls in igraph, prometheus_client, orjson (kept off `stam --help`)
             from stam_lab.eval.synthea import replay_synthea
 
             run, _ = replay_synthea(Path(args.synthea), variant="stam", workdir=Path(args.replay_dir or work),
@@ -86,6 +90,7 @@ def _candidates(args: argparse.Namespace, subjects: list[str] | None,
 def _labels(args: argparse.Namespace, types: Types) -> tuple[list[Label], list[Label]]:
     """The candidate types' endurance labels (--labels read, the judge at --judge-url for the rest, else codes) and
     what codes say, for the agreement; --labels written as they come."""
+    # deferred: tqdm is slow to import; stam.deletion.judge and others pull in igraph, numpy (kept off `stam --help`)
     from tqdm import tqdm
 
     from stam.deletion.judge import append_label, read_labels, write_labels
@@ -116,6 +121,7 @@ def _calibrate(args: argparse.Namespace, types: Types, labels: list[Label], embe
                report: dict[str, Any]) -> None:
     """The head trained and tau chosen at the first --alpha (the others: diagnostics), into ``report``; the gates
     written to --gate-out."""
+    # deferred: stam.deletion.calibrate, stam.deletion.run pull in igraph, numpy, prometheus_client (kept off `stam --help`)
     from stam.deletion.calibrate import STRICT
     from stam.deletion.run import calibration_run
 

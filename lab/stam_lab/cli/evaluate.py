@@ -24,6 +24,7 @@ from stam_lab.eval.provenance import stamp
 def cmd_eval_state(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
 
+    # deferred: stam.embedding, stam_lab.eval.state_eval and others pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.embedding import Embedder
     from stam_lab.eval.state_eval import VARIANTS, evaluate_mimic
     from stam_lab.eval.synthea import evaluate_synthea
@@ -63,6 +64,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
                         ("pairs", "gold pairs"), ("entries", "entries"), ("seconds", "s")]), file=sys.stderr)
     out = {**head, "reports": reports}
     if args.plot:
+        # deferred: stam_lab.eval.plots (kept off `stam --help`)
         from stam_lab.eval.plots import plot_timeline
 
         series = [(r["variant"], r["timeline"]["points"]) for r in reports if r.get("timeline")]
@@ -74,6 +76,7 @@ def cmd_eval_state(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_qa(args: argparse.Namespace) -> int:
+    # deferred: stam.read.reader, stam_lab.eval.qa_run pull in igraph, numpy, prometheus_client (kept off `stam --help`)
     from stam.read.reader import LocalReader, OpenAIReader
     from stam_lab.eval.qa_run import READER_SYSTEM, evaluate_qa
 
@@ -99,6 +102,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 
     gate = None
     if args.deletion_gate:
+        # deferred: stam.deletion.gate pulls in numpy (kept off `stam --help`)
         from stam.deletion.gate import Gate
 
         try:
@@ -133,6 +137,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
         print(f"context matching: {report['matching']}", file=sys.stderr)
     out = {"eval": "qa", "mimic": str(root), "split": args.split, **report}
     if args.plot:
+        # deferred: stam_lab.eval.plots (kept off `stam --help`)
         from stam_lab.eval.plots import plot_score_vs_tokens
 
         score = "f1" if reader is not None else "evidence_recall"
@@ -146,6 +151,7 @@ def cmd_eval_qa(args: argparse.Namespace) -> int:
 def cmd_eval_gate(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
 
+    # deferred: stam.compose, stam.embedding and others pull in pymilvus, igraph, redis (kept off `stam --help`)
     from stam.compose import local_query_service
     from stam.embedding import Embedder
     from stam.read.reader import LocalReader, OpenAIReader
@@ -222,6 +228,7 @@ def cmd_eval_questions(args: argparse.Namespace) -> int:
 def cmd_eval_lifecycle(args: argparse.Namespace) -> int:
     check_sources(args)  # before any model loads
 
+    # deferred: stam.embedding, stam_lab.eval.lifecycle and others pull in igraph, redis, numpy (kept off `stam --help`)
     from stam.embedding import Embedder
     from stam_lab.eval import lifecycle
     from stam_lab.eval.state_eval import replay_mimic

@@ -25,6 +25,7 @@ def _default_notes_dir() -> Path:
 
 
 def cmd_traces(args: argparse.Namespace) -> int:
+    # deferred: stam_lab.training.teacher pulls in prometheus_client (kept off `stam --help`)
     from stam_lab.training.teacher import NOTES_FILE, collect, excluded_patients
 
     notes_dir = args.notes_dir or _default_notes_dir()
@@ -41,6 +42,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
           file=sys.stderr)
     url, stop = args.teacher_url, None
     if not url:
+        # deferred: stam.serving.app, stam.serving.config and others pull in fastapi (kept off `stam --help`)
         from stam.serving.app import run
         from stam.serving.config import ServingConfig
         from stam.serving.options import local_engine
@@ -56,6 +58,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
         url = f"http://127.0.0.1:{port}/v1"
 
         def stop() -> None:
+            # deferred: optional ray (stam[llm]), not installed everywhere (kept off `stam --help`)
             import ray
             from ray import serve
 
@@ -90,6 +93,7 @@ def cmd_traces(args: argparse.Namespace) -> int:
 
 
 def cmd_lora(args: argparse.Namespace) -> int:
+    # deferred: stam.llm.convert (kept off `stam --help`)
     from stam.llm.convert import ensure_hf
 
     try:

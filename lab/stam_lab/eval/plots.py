@@ -47,10 +47,12 @@ def timeline(events: Iterable[TransitionEvent], *, max_points: int = 400) -> lis
 
 def _pyplot() -> Any:
     try:
+        # deferred: optional matplotlib (the lab's), not installed everywhere
         import matplotlib
     except ImportError as exc:  # an optional dependency: say how to get it
         raise RuntimeError("plots need matplotlib: pip install -e lab (or matplotlib>=3.8)") from exc
     matplotlib.use("Agg")
+    # deferred: optional matplotlib (the lab's), not installed everywhere
     import matplotlib.pyplot as plt
 
     return plt

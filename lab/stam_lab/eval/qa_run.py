@@ -166,6 +166,7 @@ def evaluate_qa(root: Path, questions: Sequence[Question], *, workdir: Path, emb
     ``deletion_gate`` (a :class:`stam.deletion.gate.Gate`): after every system has read, the gate's sweep is applied
     to the replay by the update stage's own deletion (:func:`stam.stages.delete_batch`), and STAM reads again as
     ``stam+deletion`` (paired with ``stam``); the report says what was deleted (``deletion``)."""
+    # deferred: stam.embedding pulls in redis
     from stam.embedding import Embedder
 
     embedder = embedder or Embedder()
@@ -253,6 +254,7 @@ class _Run:
 
     def service(self, states: AppendOnlyStates | None = None) -> Any:
         """A query service on the replay's stores (``states``: append-only's view of them)."""
+        # deferred: stam.compose pulls in pymilvus, redis, cryptography
         from stam.compose import local_query_service
 
         if states is None:
@@ -338,6 +340,7 @@ def usage_of(reader: Any) -> dict[str, Any]:
 
 def _delete(run: Replayed, gate: Any, subjects: Sequence[str], embedder: Any) -> dict[str, Any]:
     """Sweep the replayed patients with ``gate`` and apply the orders as the update stage does."""
+    # deferred: stam.stages pulls in redis
     from stam.stages import delete_batch
 
     before = {p: run.deps.states.load(p) for p in subjects}
@@ -386,6 +389,7 @@ def _chunk_vectors(embedder: Any, texts: list[str], path: Path | None) -> np.nda
 
 
 def _append_only_memories(run: Replayed, pid: str, embedder: Any) -> _Memories:
+    # deferred: stam.embedding, stam.read.asof pull in redis, cryptography
     from stam.embedding import memory_vectors
     from stam.read.asof import evidence_time
 

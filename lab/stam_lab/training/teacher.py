@@ -111,6 +111,7 @@ def collect(notes_dir: Path, out: Path, *, url: str, model: str, notes: int = 12
     ``patients_at_once`` patients run side by side, each on its own stores, and ``parallel`` judgements of a
     note are in flight together: an engine that batches (vLLM) then answers several calls for about the price of
     one. The traces are the same calls either way (each patient's entries stay in clinical-time order)."""
+    # deferred: stam.reasoning.language_model pulls in igraph, orjson, immutables
     from stam.reasoning.language_model import ModelReasoner
 
     out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +173,7 @@ class _TeacherRun:
 
     def __init__(self, notes_dir: Path, out: Path, chosen: dict[str, list[str]], client: Any, *, parallel: int,
                  records: list[dict[str, Any]], progress: bool) -> None:
+        # deferred: stam.embedding pulls in redis, numpy, pydantic_settings
         from stam.embedding import Embedder
 
         # What one_patient imports, imported once here, in the calling thread, before the patients' threads start.
@@ -211,6 +213,7 @@ class _TeacherRun:
 
     def one_patient(self, i: int, patient: str, lines: list[str]) -> None:
         """The patient's coded history and chosen notes through the write-path stages, in clinical-time order."""
+        # deferred: stam.compose, stam.reasoning.base and others pull in pymilvus, igraph, redis
         from stam.compose import local_deps
         from stam.reasoning.base import Router
         from stam.reasoning.coded import CodedReasoner
