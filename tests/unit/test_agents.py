@@ -30,7 +30,7 @@ from stam.reasoning.base import Router
 from stam.reasoning.coded import CodedReasoner
 from stam.recovery import Durability
 from stam.stages import Deps, extract_stage
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 from tests.conftest import SMALL_BUNDLE, need_data
 from topology.app import Topics
 from topology.batching import Stream as BatchingStream
@@ -114,7 +114,7 @@ class Harness:
 def harness(tmp_path: Path) -> Iterator[Harness]:
     h = Harness(tmp_path)
     yield h
-    h.client.shutdown(nosave=True)
+    stop_local_redis(h.client)
 
 
 @pytest.fixture(scope="module")
@@ -268,5 +268,5 @@ async def test_the_fused_agent_applies_what_the_four_stages_apply(tmp_path: Path
             {m: (s.store, s.reason) for m, s in a.memories.items()}
         assert fused.read["dead_letters"].empty() and apart.read["dead_letters"].empty()
     finally:
-        apart.client.shutdown(nosave=True)
-        fused.client.shutdown(nosave=True)
+        stop_local_redis(apart.client)
+        stop_local_redis(fused.client)

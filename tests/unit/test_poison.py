@@ -26,7 +26,7 @@ from stam.crypto import KeyStore, Sealer
 from stam.deadletter_payload import bounded_key, bounded_value
 from stam.errors import ConcurrentUpdate, MessageTooLarge, ReasoningError, SourceError, StateRolledBack
 from stam.metrics import PARTITION_STALLED, STAGE_BUGS
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 from workers.stage_agent import Fault, classify, run_batch, send
 
 pytestmark = pytest.mark.slow  # subprocess CLI runs and real stores: skipped by `make test-fast`
@@ -267,7 +267,7 @@ def redis_store(tmp_path: Path) -> Any:
 
     client = local_redis_client(tmp_path / "redis.rdb")
     yield RedisStateStore(client), client
-    client.shutdown(nosave=True)
+    stop_local_redis(client)
 
 
 def _commit(store: Any, pid: str, entry_id: str, outbox: bytes | None = b"[]") -> None:

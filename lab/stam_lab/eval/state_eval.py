@@ -60,6 +60,7 @@ from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Router
 from stam.reasoning.coded import CodedReasoner
 from stam.sources.mimic import iter_mimic, iter_table, parse_mimic_time
+from stam.transport import stop_local_redis
 from stam_lab.eval.plots import timeline
 from stam_lab.eval.provenance import provenance
 
@@ -373,8 +374,8 @@ class Replayed:
 
     def close(self) -> None:
         self.deps.vectors.close()
-        if hasattr(self._client, "shutdown"):
-            self._client.shutdown()
+        if self._client is not None:
+            stop_local_redis(self._client, save=True)
 
 
 REPLAY_META = "replay.json"
