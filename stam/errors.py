@@ -113,6 +113,11 @@ class StagesBacklog(StamError):
     no stage has processed: it does not read them, so those entries would never be applied."""
 
 
+class FourStagesRunning(StamError):
+    """The fused worker would join a consumer group in which four-stage workers are alive: it does not read the
+    extracted, linked and impacted topics, so what they leave there when they stop would never be applied."""
+
+
 class StackError(StamError):
     """The embedded stack could not start or reach one of its services."""
 

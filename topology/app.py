@@ -44,13 +44,15 @@ INLINE_COMMIT_NEVER = 2**62
 
 
 def create_app(settings: Settings, *, app_id: str | None = None, web_port: int | None = None,
-               web_host: str | None = None) -> tuple[faust.App, Topics]:
+               web_host: str | None = None, client_id: str | None = None) -> tuple[faust.App, Topics]:
     """The app and its topics. Its web server (when ``web_port`` > 0) listens on ``web_host`` only: Faust binds to
-    ``web_bind`` (default 0.0.0.0) and merely advertises ``web_host``, so both are set."""
+    ``web_bind`` (default 0.0.0.0) and merely advertises ``web_host``, so both are set. ``client_id``: its Kafka
+    clients' id (None: Faust's, ``faust-<version>``)."""
     port = settings.web_port if web_port is None else web_port
     host = settings.web_host if web_host is None else web_host
     app = App(
         app_id or settings.app_id,
+        **({"broker_client_id": client_id} if client_id else {}),
         fetch_wait_ms=settings.consumer_fetch_wait_ms,
         broker=settings.broker_url,
         **faust_broker_kwargs(settings),

@@ -1,30 +1,29 @@
 """Worker entry point: one process running the write-path agents (scale out by running more).
 
-``stages`` picks a subset (``stam worker --stages extract,link``): each stage reads its own topic and writes the
-next, so a deployment may run each stage group in processes of its own; give each group its own consumer group
-(``STAM_APP_ID``). Impact and update in one process keep the impact projection warm (stam/backends/projection.py);
-apart, the impact process reloads a patient's vectors from Milvus when the state moved (same results, slower).
+By default the fused write path: one agent from the entries topic to the transitions topic in one hop (``stam
+worker``). ``stages`` runs the four stages over their topics instead (``stam worker --stages all``) or a subset
+(``--stages extract,link``): each stage reads its own topic and writes the next, so a deployment may run each stage
+group in processes of its own; give each group its own consumer group (``STAM_APP_ID``). Impact and update in one
+process keep the impact projection warm (stam/backends/projection.py); apart, the impact process reloads a patient's
+vectors from Milvus when the state moved (same results, slower).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 
 import faust
-from aiokafka.errors import KafkaError
 
 from stam.config import Settings
-from stam.errors import StagesBacklog, UnknownStage
+from stam.errors import UnknownStage
 from stam.logs import faust_worker
 from stam.recovery import install
 from stam.stage_thread import STAGE_THREAD
-from topology import topics as t
-from topology.admin import unprocessed
 from topology.app import create_app
 from workers import extract, impact, link, update
+from workers.handoff import FUSED_CLIENT_ID, check_fused_start
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
 from workers.runtime import Runtime
@@ -35,8 +34,11 @@ log = logging.getLogger("stam.workers")
 STAGES = {"extract": extract, "link": link, "impact": impact, "update": update}
 """The write path's stages, in the order entries flow through them."""
 FUSED = "fused"
-"""``--stages fused``: the whole write path in one agent, entries topic to transitions topic in one hop
+"""``--stages fused``, the default: the whole write path in one agent, entries topic to transitions topic in one hop
 (``workers.update.register(fused=True)``)."""
+DEFAULT_STAGES = (FUSED,)
+"""What ``stam worker`` runs without ``--stages``: the fused write path (on the hospital feed 1.7 times the four
+stages' flat-out rate at half their CPU per entry; docs/operations.md)."""
 FUSED_FETCH_WAIT_MS = 100
 """The fused worker's fetch wait unless ``STAM_CONSUMER_FETCH_WAIT_MS`` is set. On the embedded broker (which answers
 a fetch when its wait ends) the one hop waits about half of it at low load; on the hospital feed the fused worker's
@@ -45,9 +47,12 @@ stages over their topics lost 26% (70.4 and 95.1)."""
 
 
 def parse_stages(text: str | None) -> tuple[str, ...]:
-    """``"extract,link"`` -> ``("extract", "link")`` in pipeline order; None or "" or "all": every stage.
-    Unknown names: :class:`UnknownStage` with one line naming them and the known ones."""
-    if text is None or text.strip() in ("", "all"):
+    """``"extract,link"`` -> ``("extract", "link")`` in pipeline order; "all": the four stages; None or "": the
+    default, the fused write path (:data:`DEFAULT_STAGES`). Unknown names: :class:`UnknownStage` with one line naming
+    them and the known ones."""
+    if text is None or not text.strip():
+        return DEFAULT_STAGES
+    if text.strip().lower() == "all":
         return tuple(STAGES)
     asked = [s.strip().lower() for s in text.split(",") if s.strip()]
     if FUSED in asked:
@@ -57,16 +62,19 @@ def parse_stages(text: str | None) -> tuple[str, ...]:
     unknown = [s for s in asked if s not in STAGES]
     if unknown or not asked:
         raise UnknownStage(f"unknown stage{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                           f"--stages takes a comma-separated subset of {','.join(STAGES)}, or {FUSED}")
+                           f"--stages takes a comma-separated subset of {','.join(STAGES)}, all, or {FUSED}")
     return tuple(s for s in STAGES if s in asked)
 
 
-def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[faust.App, Runtime]:
-    if tuple(stages) == (FUSED,) and "consumer_fetch_wait_ms" not in settings.model_fields_set:
+def build(settings: Settings, stages: Sequence[str] = DEFAULT_STAGES) -> tuple[faust.App, Runtime]:
+    """The worker's app and runtime with the agents of ``stages`` (:func:`parse_stages`'s answer)."""
+    fused = tuple(stages) == (FUSED,)
+    if fused and "consumer_fetch_wait_ms" not in settings.model_fields_set:
         settings = settings.model_copy(update={"consumer_fetch_wait_ms": FUSED_FETCH_WAIT_MS})
-    app, topics = create_app(settings)
+    # The fused worker's client id names it to the check of the next fused worker that joins (workers.handoff).
+    app, topics = create_app(settings, client_id=FUSED_CLIENT_ID if fused else None)
     runtime = Runtime(settings=settings, topics=topics)
-    if tuple(stages) == (FUSED,):
+    if fused:
         update.register(app, runtime, fused=True)
     else:
         for name in stages:
@@ -107,32 +115,13 @@ def build(settings: Settings, stages: Sequence[str] = tuple(STAGES)) -> tuple[fa
     return app, runtime
 
 
-def check_no_stage_backlog(settings: Settings) -> None:
-    """Before a fused worker joins its group: :class:`StagesBacklog` when the extracted, linked or impacted topic holds
-    messages the group has not processed (four-stage workers of the same group stopped with work in flight)."""
-    delay = 1.0
-    while True:  # a broker not up yet is waited for, as the worker would wait for it
-        try:
-            left = asyncio.run(unprocessed(settings, settings.app_id, (t.EXTRACTED, t.LINKED, t.IMPACTED)))
-            break
-        except (KafkaError, OSError) as exc:
-            log.warning("the check for work left on the four stages' topics could not reach the broker (%s); "
-                        "retrying in %.0fs", type(exc).__name__, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 30.0)
-    if left:
-        held = ", ".join(f"{name} {n:,}" for name, n in sorted(left.items()))
-        raise StagesBacklog(f"consumer group {settings.app_id} has messages no stage has processed ({held}); the fused "
-                            "worker does not read those topics: run `stam worker --stages link,impact,update` until "
-                            "they are processed, then start it")
-
-
-def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = tuple(STAGES)) -> None:
+def run(settings: Settings, loglevel: str = "info", stages: Sequence[str] = DEFAULT_STAGES) -> None:
     """Run the worker; a port already taken stops it first with :class:`workers.ops.PortInUse` (one line), and a
-    fused worker whose group left work on the four stages' topics with :class:`StagesBacklog`."""
+    fused worker whose group has four-stage workers alive (:class:`stam.errors.FourStagesRunning`) or work left on
+    the four stages' topics (:class:`stam.errors.StagesBacklog`) too (:func:`workers.handoff.check_fused_start`)."""
     claim_port(settings.web_host, settings.web_port, "STAM_WEB_PORT")
+    start_metrics(settings)  # a taken metrics port is said at once too, not after the check waited for a broker
     if tuple(stages) == (FUSED,):
-        check_no_stage_backlog(settings)
-    start_metrics(settings)
+        check_fused_start(settings)
     app, _ = build(settings, stages)
     faust_worker(app, settings, loglevel).execute_from_commandline()

@@ -2,7 +2,7 @@
 
   stam stack up|down|status     embedded broker (Tansu on SeaweedFS S3), Redis (AOF) and Milvus Lite on loopback;
                                 up restarts only dead processes, status exits 1 when one is dead
-  stam worker                   run the write-path workers (extract, link, impact, update)
+  stam worker                   run the write-path worker (fused; --stages all: extract, link, impact, update)
   stam publish PATH...          publish FHIR R4 bundles/NDJSON, HL7 v2 messages or a MIMIC-IV folder
   stam listen mllp              HL7 v2 over MLLP, each message acknowledged once it is on a topic
   stam listen fhir              transitions out as FHIR R4B/R5 topic-based Subscription notifications (base /fhir)

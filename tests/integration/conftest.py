@@ -38,9 +38,18 @@ def _stam_process(s: Any, command: str, log_name: str, **env: str) -> Iterator[s
 
 
 @pytest.fixture(scope="module")
-def worker(stack_settings: Any) -> Any:
+def worker_stages() -> str:
+    """The ``--stages`` of the module's ``worker`` ("": the default, the fused write path); a module that exercises
+    the four stages end to end overrides this fixture with ``"all"``."""
+    return ""
+
+
+@pytest.fixture(scope="module")
+def worker(stack_settings: Any, worker_stages: str) -> Any:
+    """``stam worker`` (with the module's ``worker_stages``) on the module's stack, with a metrics port."""
     metrics_port = free_port()
-    with _stam_process(stack_settings, "worker", "worker.log", STAM_METRICS_PORT=str(metrics_port)) as proc:
+    command = f"worker --stages {worker_stages}" if worker_stages else "worker"
+    with _stam_process(stack_settings, command, "worker.log", STAM_METRICS_PORT=str(metrics_port)) as proc:
         proc.metrics_port = metrics_port  # type: ignore[attr-defined]
         yield proc
 

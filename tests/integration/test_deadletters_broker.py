@@ -1,10 +1,10 @@
 """Gaps are visible, and dead letters can be handled: on the real stack (Tansu, redis-server, Milvus Lite server)
 with the Faust workers in their own process and a real Synthea patient.
 
-Bad entries of the patient are dead-lettered by the extract stage; the patient's ``stam state`` (text and JSON)
-and an ``ask`` packet carry the record gap; ``stam deadletters list/show`` show them; a corrected payload
-replayed with ``--value-file`` is applied and closes its gap; a dismissal closes one with its reason kept; the
-original bytes of a malformed entry and a publisher's bad file are refused for replay."""
+Bad entries of the patient are dead-lettered by the default worker's one stage (fused); the patient's ``stam
+state`` (text and JSON) and an ``ask`` packet carry the record gap; ``stam deadletters list/show`` show them; a
+corrected payload replayed with ``--value-file`` is applied and closes its gap; a dismissal closes one with its reason
+kept; the original bytes of a malformed entry and a publisher's bad file are refused for replay."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def _send_bad_entries(capsys: pytest.CaptureFixture[str], s: Any, entries: list[
     _wait(lambda: states.version(SMALL_PATIENT) == GOOD + 1 and len(states.gaps(SMALL_PATIENT)) == 3
           and len(states.gaps("gap-only-patient")) == 1, 240, "the good entries applied and four gaps", worker, s.home)
     code, _, err = run(capsys, "state", "--patient", "gap-only-patient")
-    assert code == 1 and "no state for patient gap-only-patient (record gap: 1 entry not applied (extract, " \
+    assert code == 1 and "no state for patient gap-only-patient (record gap: 1 entry not applied (fused, " \
         "ValidationError), since " in err
 
     # A publisher's bad file: a dead letter of no known patient.
@@ -113,9 +113,9 @@ def _check_the_gaps_are_visible(capsys: pytest.CaptureFixture[str], fixed_a: Any
     # stam state: the gap line, each gap, and the JSON export's "gaps".
     code, out, _ = run(capsys, "state", "--patient", SMALL_PATIENT)
     assert code == 0
-    assert "record gap: 3 entries not applied (extract, ValidationError), since " in out.splitlines()[0]
-    assert f"entry {fixed_a.entry_id}: extract, ValidationError" in out
-    assert f"entry {dropped.entry_id}: extract, ValidationError" in out and "entry (unknown id)" in out
+    assert "record gap: 3 entries not applied (fused, ValidationError), since " in out.splitlines()[0]
+    assert f"entry {fixed_a.entry_id}: fused, ValidationError" in out
+    assert f"entry {dropped.entry_id}: fused, ValidationError" in out and "entry (unknown id)" in out
     code, out, _ = run(capsys, "state", "--patient", SMALL_PATIENT, "--json")
     exported = json.loads(out)
     assert sorted(g["entry_id"] or "" for g in exported["gaps"]) == sorted(["", fixed_a.entry_id, dropped.entry_id])
@@ -126,7 +126,7 @@ def _check_the_gaps_are_visible(capsys: pytest.CaptureFixture[str], fixed_a: Any
     assert code == 0 and answer["ok"], out[-500:]
     packet = answer["packet"]
     assert len(packet["gaps"]) == 3
-    assert "record gap: 3 entries not applied (extract, ValidationError)" in packet["rendered"].splitlines()[1]
+    assert "record gap: 3 entries not applied (fused, ValidationError)" in packet["rendered"].splitlines()[1]
 
 
 def _list_and_show(capsys: pytest.CaptureFixture[str], fixed_a: Any, dropped: Any) -> tuple[str, str, str, str]:
@@ -139,7 +139,7 @@ def _list_and_show(capsys: pytest.CaptureFixture[str], fixed_a: Any, dropped: An
     publisher = [x for x in listed if x["stage"] == "publish:fhir-r4"]
     assert publisher and publisher[-1]["status"] == "no gap (patient unknown)" and publisher[-1]["patient_id"] is None
     id_a, id_b, id_c = by_entry[fixed_a.entry_id]["id"], by_entry[None]["id"], by_entry[dropped.entry_id]["id"]
-    code, out, _ = run(capsys, "deadletters", "list", "--patient", SMALL_PATIENT, "--stage", "extract")
+    code, out, _ = run(capsys, "deadletters", "list", "--patient", SMALL_PATIENT, "--stage", "fused")
     rows = [line.split()[0] for line in out.splitlines()[1:]]  # a header, then one line per dead letter
     assert code == 0 and sorted(rows) == sorted([id_a, id_b, id_c])
     assert "(unknown: no gap)" not in out

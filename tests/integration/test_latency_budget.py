@@ -28,6 +28,8 @@ from tests.conftest import REPO
 from tests.integration.broker import opened
 from tests.integration.conftest import _stam_process
 from topology import topics as t
+from topology.groups import group_members
+from workers.handoff import STAGE_TOPICS, four_stage_members
 from workers.main import FUSED_FETCH_WAIT_MS
 
 pytestmark = pytest.mark.integration
@@ -123,6 +125,11 @@ def test_at_low_load_an_entry_is_applied_within_a_few_broker_round_trips(stack_s
         took = asyncio.run(_write_path(s, entries[2:2 + MEASURED], timeout=60))
         stage = _stage_mean_s(metrics, "fused")
         assert proc.poll() is None, (s.home / "fused-worker.log").read_text()[-3000:]
+        # The next fused worker of this group would know this one for fused (by its client id on Tansu, which
+        # sends no subscriptions) and join beside it.
+        members = asyncio.run(group_members(s, s.app_id))
+        stage_topics = [spec.name(s.topic_prefix) for spec in STAGE_TOPICS]
+        assert members and not four_stage_members(members, stage_topics), members
     floor_p50, p50 = statistics.median(floor), statistics.median(took.values())
     # The one hop into the worker: at most its fetch wait (the setting's part of the budget) beyond the floor; then
     # the stage work, the outbox and the publish, and the follower's own fetch. Four floors and three stage times
@@ -158,3 +165,27 @@ def test_a_fused_worker_will_not_start_over_work_left_on_the_four_stages_topics(
         f"stam worker: consumer group stam-write-left-behind has messages no stage has processed "
         f"({t.LINKED.name(s.topic_prefix)} 1); the fused worker does not read those topics: run `stam worker --stages "
         f"link,impact,update` until they are processed, then start it"]
+
+
+def test_a_default_worker_will_not_join_a_group_where_four_stage_workers_run(stack_settings: Any) -> None:
+    """A four-stage worker (``--stages all``) holds its group's partitions: a default worker (fused) of the same
+    group refuses to start, in one line with exit 2, and the four-stage worker runs on (issue 38: a rolling update
+    that would mix both kinds in one group)."""
+    s, group = stack_settings, "stam-write-four-stages"
+    with _stam_process(s, "worker --stages all", "four-stage-worker.log", STAM_APP_ID=group) as four:
+        deadline = time.monotonic() + 240
+        while not asyncio.run(group_members(s, group)):  # joined: the group's partitions are its own
+            assert four.poll() is None, (s.home / "four-stage-worker.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the four-stage worker did not join its group"
+            time.sleep(1)
+        env = dict(os.environ, STAM_HOME=str(s.home), STAM_BROKER_URL=s.broker_url, STAM_REDIS_URL=s.redis_url,
+                   STAM_MILVUS_URI=s.milvus_uri, STAM_WEB_PORT="0", STAM_APP_ID=group)
+        res = subprocess.run([sys.executable, "-m", "stam.cli", "worker"], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+        assert res.returncode == 2, res.stderr[-3000:]
+        assert res.stderr.strip().splitlines() == [
+            f"stam worker: consumer group {group} has 1 live member that reads the four stages' topics or is not "
+            "known to be fused (four-stage workers); a fused worker must not share a group with them: stop them, "
+            "drain the stages' topics with `stam worker --stages link,impact,update`, then start it "
+            "(docs/operations.md, \"Switching a deployment to the fused write path\")"]
+        assert four.poll() is None, (s.home / "four-stage-worker.log").read_text()[-3000:]

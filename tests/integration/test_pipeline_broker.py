@@ -23,6 +23,12 @@ from topology import topics as t
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(scope="module")
+def worker_stages() -> str:
+    """The four stages over their topics, end to end (``stam worker`` runs the fused path by default)."""
+    return "all"
+
+
 def test_bundle_through_broker(stack_settings: Any, worker: Any, small_bundle: Any) -> None:
     s = stack_settings
     entries = small_bundle.entries

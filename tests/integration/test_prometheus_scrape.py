@@ -183,7 +183,8 @@ def ops(stack_settings: Any) -> Iterator[dict[str, Any]]:
     ports = {"web": free_port(), "write_metrics": free_port(), "query_web": free_port(),
              "query_metrics": free_port()}
     common = {"STAM_LAG_INTERVAL_S": "1", "STAM_READY_CACHE_S": "1", "STAM_READY_TIMEOUT_S": "2"}
-    with _stam_process(s, "worker", "ops-worker.log", STAM_WEB_PORT=str(ports["web"]),
+    # The four stages: the dashboard's queries need every stage's metrics (the fused worker reports one stage).
+    with _stam_process(s, "worker --stages all", "ops-worker.log", STAM_WEB_PORT=str(ports["web"]),
                        STAM_METRICS_PORT=str(ports["write_metrics"]), **common) as worker, \
             _stam_process(s, "query-worker", "ops-query-worker.log", STAM_QUERY_WEB_PORT=str(ports["query_web"]),
                           STAM_METRICS_PORT=str(ports["query_metrics"]), STAM_QUERY_TOKEN=QUERY_TOKEN,

@@ -40,5 +40,6 @@ def test_an_unsigned_entry_is_dead_lettered_where_signing_is_required(stack_sett
     assert {x["memory"]["source_system"] for x in transitions if x["kind"] == "added"} == {"ehr-a"}
     letters = [d for d in asyncio.run(_dead_letters(stack_settings))
                if unsigned.entry_id.encode() in base64.b64decode(d["value"])]
-    assert len(letters) == 1 and letters[0]["stage"] == "extract" and letters[0]["error_type"] == "SignatureError"
+    # Stage "fused": the default worker's one stage.
+    assert len(letters) == 1 and letters[0]["stage"] == "fused" and letters[0]["error_type"] == "SignatureError"
     assert letters[0]["error"].startswith("unsigned entry: signing is required")

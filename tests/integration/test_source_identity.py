@@ -102,8 +102,9 @@ def test_only_the_facts_own_source_can_retract_it(stack_settings: Any, signed_wo
         assert mine[0]["refused"][0]["reason"] == "entered-in-error"
     assert fact().store is Store.ACTIVE, "a forged entered-in-error archived another source's fact"
 
-    # The wrong signature is dead-lettered with the reason, and applied nowhere.
-    letters = [d for d in asyncio.run(_dead_letters(stack_settings)) if d["stage"] == "extract"
+    # The wrong signature is dead-lettered with the reason (by the default worker's one stage, fused), and applied
+    # nowhere.
+    letters = [d for d in asyncio.run(_dead_letters(stack_settings)) if d["stage"] == "fused"
                and bad_sig.entry_id.encode() in base64.b64decode(d["value"])]
     assert len(letters) == 1 and letters[0]["error_type"] == "SignatureError"
     assert "bad signature for source system 'ehr-a'" in letters[0]["error"]

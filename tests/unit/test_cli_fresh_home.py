@@ -58,6 +58,7 @@ RUNS = [
     Run(("stack", "status"), code=1, stdout=r"^no stack in "),
     Run(("stack", "down"), stdout=r"^no stack running\n$"),
     refuses("worker", needs=ALL),
+    refuses("worker", "--stages", "all", needs=ALL),
     refuses("worker", "--stages", "extract,link", needs=ALL),
     refuses("worker", "--stages", "fused", needs=ALL),
     refuses("query-worker", needs=ALL),

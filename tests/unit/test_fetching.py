@@ -42,7 +42,7 @@ def test_the_fetch_wait_is_bounded() -> None:
 def test_the_fused_worker_waits_100_ms_unless_the_setting_is_given() -> None:
     from workers.main import FUSED_FETCH_WAIT_MS, build
 
-    fused, _ = build(Settings(web_port=0), ("fused",))
-    four, _ = build(Settings(web_port=0))
+    fused, _ = build(Settings(web_port=0))  # the default
+    four, _ = build(Settings(web_port=0), ("extract", "link", "impact", "update"))
     given, _ = build(Settings(web_port=0, consumer_fetch_wait_ms=700), ("fused",))
     assert [a.fetch_wait_ms for a in (fused, four, given)] == [FUSED_FETCH_WAIT_MS, 1500, 700]  # type: ignore[attr-defined]

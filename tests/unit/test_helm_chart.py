@@ -16,6 +16,7 @@ from stam.serving.config import Autoscaling, ServingConfig, VllmEngine, vllm_dep
 
 PRODUCTION = hc.load_values(hc.CASES["production"])
 GROUPS = {"write": {"mode": "groups"}}
+ALL = {"write": {"mode": "all"}}
 FUSED = {"write": {"mode": "fused", "autoscaling": {"enabled": True}}}
 
 
@@ -49,9 +50,9 @@ def test_both_value_files_render_every_expected_kind(default: list[dict[str, Any
     assert not kinds(production, "Secret"), "production names an existingSecret: the chart makes none"
 
 
-@pytest.mark.parametrize("case", ["default", "production", "groups", "fused"])
+@pytest.mark.parametrize("case", ["default", "production", "groups", "fused", "all"])
 def test_every_rendered_object_validates(case: str) -> None:
-    values = {"default": None, "production": PRODUCTION, "groups": GROUPS, "fused": FUSED}[case]
+    values = {"default": None, "production": PRODUCTION, "groups": GROUPS, "fused": FUSED, "all": ALL}[case]
     objects = hc.render(values)
     errors = [f"{o['kind']}/{o['metadata']['name']}: {e}" for o in objects for e in hc.validate(o)]
     assert errors == []
@@ -102,9 +103,15 @@ def test_fused_mode_is_one_deployment_of_the_one_hop_write_path() -> None:
         ("stam-write", "stam.entries.v1")}  # its one input topic
 
 
-def test_one_deployment_for_all_stages_by_default(default: list[dict[str, Any]]) -> None:
+def test_one_deployment_of_the_fused_write_path_by_default(default: list[dict[str, Any]]) -> None:
     (write,) = [d for d in kinds(default, "Deployment") if d["metadata"]["name"] == "stam-write"]
-    assert containers(write)[0]["args"] == ["worker"]
+    assert containers(write)[0]["args"] == ["worker", "--stages", "fused"]
+    assert env(containers(write)[0])["STAM_APP_ID"] == "stam-write"
+
+
+def test_all_mode_is_one_deployment_of_the_four_stages() -> None:
+    (write,) = [d for d in kinds(hc.render(ALL), "Deployment") if d["metadata"]["name"] == "stam-write"]
+    assert containers(write)[0]["args"] == ["worker", "--stages", "all"]
     assert env(containers(write)[0])["STAM_APP_ID"] == "stam-write"
 
 

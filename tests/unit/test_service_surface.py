@@ -212,7 +212,8 @@ def test_stages_parsing() -> None:
     from stam.errors import UnknownStage
     from workers.main import parse_stages
 
-    assert parse_stages(None) == parse_stages("") == parse_stages("all") == ("extract", "link", "impact", "update")
+    assert parse_stages(None) == parse_stages("") == ("fused",)  # the default: the one-hop write path
+    assert parse_stages("all") == parse_stages(" ALL ") == ("extract", "link", "impact", "update")
     assert parse_stages("update, extract") == ("extract", "update")  # pipeline order, spaces ignored
     assert parse_stages("LINK,impact,link") == ("link", "impact")
     with pytest.raises(UnknownStage, match=r"unknown stage 'parse'; --stages takes a comma-separated subset of "
@@ -232,7 +233,7 @@ def test_unknown_stage_is_one_line(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
         "stam worker: unknown stage 'linker'; --stages takes a comma-separated subset of extract,link,impact,update, "
-        "or fused"]
+        "all, or fused"]
 
 
 def test_a_subset_registers_only_its_agents() -> None:
@@ -240,14 +241,16 @@ def test_a_subset_registers_only_its_agents() -> None:
 
     app, _ = build(Settings(web_port=0), ("extract", "link"))
     assert sorted(app.agents) == ["stam.extract", "stam.link"]
-    app, _ = build(Settings(web_port=0))
+    app, _ = build(Settings(web_port=0), ("extract", "link", "impact", "update"))
     # the update stage is the single writer of patient state: it applies deletion orders too
     assert sorted(app.agents) == ["stam.delete", "stam.extract", "stam.impact", "stam.link", "stam.update"]
+    assert app.conf.broker_client_id.startswith("faust-")  # Faust's own: not known to be fused (workers.handoff)
     app, _ = build(Settings(web_port=0), ("update",))
     assert sorted(app.agents) == ["stam.delete", "stam.update"]
-    app, _ = build(Settings(web_port=0), ("fused",))  # one agent from the entries topic, and the deletions'
+    app, _ = build(Settings(web_port=0))  # the default, fused: one agent from the entries topic, and the deletions'
     assert sorted(app.agents) == ["stam.delete", "stam.fused"]
     assert app.agents["stam.fused"].channel.get_topic_name().endswith("entries.v1")
+    assert app.conf.broker_client_id == "stam-fused"  # the next fused worker knows it for fused by this
 
 
 def test_web_binds_to_the_configured_host() -> None:
@@ -362,8 +365,10 @@ def test_a_worker_with_json_logs_writes_json_lines_only(tmp_path: Path) -> None:
                 STAM_HOME=str(tmp_path), STAM_LOG_FORMAT="json")
     logs = [tmp_path / "worker.out", tmp_path / "worker.err"]
     with logs[0].open("w") as out, logs[1].open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker"], cwd=REPO, env=full, stdout=out,
-                                stderr=err, text=True)
+        # The four stages: Faust starts at once. The default (fused) worker first waits for the broker in its
+        # check of the consumer group (workers.handoff), logging through the same JSON handler.
+        proc = subprocess.Popen([sys.executable, "-m", "stam.cli", "worker", "--stages", "all"], cwd=REPO, env=full,
+                                stdout=out, stderr=err, text=True)
     # Its start (imports) takes from seconds to a minute on a busy machine: from the first line Faust logs, the
     # worker runs 10 s more, retrying its broker, before it is stopped (or stops by itself).
     deadline = time.monotonic() + 180

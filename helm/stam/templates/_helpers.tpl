@@ -70,8 +70,8 @@ app.kubernetes.io/part-of: stam
 
 {{/*
 The write deployments as a list of dicts {name, stages, appId, replicas, resources, autoscaling, component}.
-mode all: one; mode fused: one, running the one-hop write path (`stam worker --stages fused`); mode groups: one per
-group, each with its own consumer group id.
+mode fused (the default): one, running the one-hop write path (`stam worker --stages fused`); mode all: one, running
+the four stages (`stam worker --stages all`); mode groups: one per group, each with its own consumer group id.
 */}}
 {{- define "stam.writeDeployments" -}}
 {{- $w := .Values.write -}}
