@@ -364,7 +364,8 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
 def floor(messages: int, payload: int, fanout: int) -> dict[str, Any]:
     from benchmarks.faust_floor import floor_run
 
-    return floor_run(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout), "s3")
+    return floor_run(argparse.Namespace(messages=messages, payload_bytes=payload, fanout=fanout),
+                     os.environ.get("STAM_BROKER_STORAGE") or "s3")  # the write paths' storage (--broker-storage)
 
 
 def parse_args() -> argparse.Namespace:
@@ -383,6 +384,10 @@ def parse_args() -> argparse.Namespace:
                         help="the workers' write path, each measured in this run: all (the four stages over their "
                              "topics) and/or fused (one agent, one hop); a fused run's keys end in _fused")
     parser.add_argument("--quiet", type=float, default=180, help="give up after this many seconds without progress")
+    parser.add_argument("--broker-storage", choices=["s3", "memory"], default=None,
+                        help="where the embedded broker keeps its log in every run (the floor's too): s3 (SeaweedFS, "
+                             "durable, as `stam stack up` runs it) or memory (nothing written: what the worker's path "
+                             "costs without the embedded storage); default: STAM_BROKER_STORAGE, else s3")
     parser.add_argument("--cold-vocabulary", action="store_true",
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
                              "during the measurement, as on a deployment's first day (default: the feed's concept "
@@ -447,7 +452,10 @@ def main() -> None:
     # Warm-up: the entries right after the measured ones, as other patients (same codes, no shared state).
     warm = [e.model_copy(update={"patient_id": "warm-" + e.patient_id, "entry_id": "warm-" + e.entry_id})
             for e in whole[args.entries: args.entries + args.warmup]]
+    if args.broker_storage:  # every stack.up of the run reads it, the floor's included
+        os.environ["STAM_BROKER_STORAGE"] = args.broker_storage
     report: dict[str, Any] = {"benchmark": "hospital_feed", "cpu_count": os.cpu_count(),
+                              "broker_storage": os.environ.get("STAM_BROKER_STORAGE") or "s3",
                               "feed": {**feed_stats(feed), "of_total": len(whole),
                                        "load_seconds": round(time.monotonic() - t0, 1)}}
     vocabulary = None
