@@ -15,6 +15,7 @@ Run with ``stam serve`` (see the CLI); any OpenAI-compatible endpoint can replac
 import asyncio
 import ctypes
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -29,6 +30,13 @@ from stam.serving.config import LlamaCppEngine, ServingConfig, VllmEngine
 from stam.serving.gguf_lora import to_gguf
 from stam.serving.http import chat_body, model_list
 from stam.serving.vllm_app import build_vllm_app
+
+log = logging.getLogger("stam.serving")
+
+RAY_START_ATTEMPTS = 3
+"""Ray's own start-up gives the raylet 30 s (hard-coded in ray/_private/node.py) to register with the GCS; on a busy
+small node it has missed that (ray-project/ray#47087, #62883; here twice in six fresh-clone test runs, with no raylet
+log written). The next start, after a shutdown, has always come up."""
 
 # No whitespace between a JSON reply's tokens, as vLLM's grammar here (``disable_any_whitespace``, see
 # ``stam.serving.config``): both engines lead a model down the same tokens, replies are shorter, and the
@@ -190,6 +198,24 @@ def build_from_args(args: dict[str, Any]) -> Any:
     return build_app(ServingConfig.model_validate(args))
 
 
+def start_ray(**options: Any) -> None:
+    """``ray.init(**options)``, started again (after ``ray.shutdown()``) when the node times out during start-up, up
+    to :data:`RAY_START_ATTEMPTS` times; any other failure, or the last timeout, is raised as Ray raised it."""
+    # deferred: optional ray (stam[llm]), not installed everywhere
+    import ray
+
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(**options)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this timeout
+            if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            log.warning("Ray's node did not come up in time (attempt %d of %d); starting it again", attempt,
+                        RAY_START_ATTEMPTS)
+            ray.shutdown()
+
+
 def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = None,
         log_to_driver: bool | None = None) -> None:
     """Start Ray (local), Serve's HTTP proxy on ``host:port`` and the application."""
@@ -201,7 +227,7 @@ def run(config: ServingConfig, *, blocking: bool = True, num_cpus: int | None = 
         # The vLLM replica's own log (engine start, a load failure's cause) is the server's output; llama.cpp's
         # replica has nothing to say that the HTTP answers do not.
         # (log_to_driver=False: a caller whose stdout is a report, such as a benchmark.)
-        ray.init(num_cpus=num_cpus, include_dashboard=False,
-                 log_to_driver=isinstance(config.engine, VllmEngine) if log_to_driver is None else log_to_driver)
+        start_ray(num_cpus=num_cpus, include_dashboard=False,
+                  log_to_driver=isinstance(config.engine, VllmEngine) if log_to_driver is None else log_to_driver)
     serve.start(http_options={"host": config.host, "port": config.port})
     serve.run(build_app(config), name="stam-llm", route_prefix=config.route_prefix, blocking=blocking)

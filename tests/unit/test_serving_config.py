@@ -5,6 +5,7 @@ body, and the weights registry."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -188,3 +189,47 @@ def test_a_cancelled_request_holds_the_llama_context_until_its_generation_ends()
 
     asyncio.run(main())
     assert overlaps == []
+
+
+class _FakeRay:
+    """``ray.init`` that fails with ``errors`` in turn, then starts; records init and shutdown calls."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.errors, self.calls = list(errors), []
+
+    def init(self, **options: object) -> None:
+        self.calls.append("init")
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+TIMED_OUT = Exception("The current node timed out during startup. This could happen because some of the raylet failed "
+                      "to startup or the GCS has become overloaded.")
+
+
+def test_ray_is_started_again_when_its_node_times_out_during_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stam.serving import app
+
+    fake = _FakeRay(TIMED_OUT)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    app.start_ray(num_cpus=2)
+    assert fake.calls == ["init", "shutdown", "init"]
+
+
+def test_ray_start_gives_up_after_its_attempts_and_other_failures_are_raised_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from stam.serving import app
+
+    fake = _FakeRay(*[TIMED_OUT] * app.RAY_START_ATTEMPTS)
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(Exception, match="timed out during startup"):
+        app.start_ray()
+    assert fake.calls.count("init") == app.RAY_START_ATTEMPTS
+    other = _FakeRay(ValueError("num_cpus must be positive"))
+    monkeypatch.setitem(sys.modules, "ray", other)
+    with pytest.raises(ValueError):
+        app.start_ray(num_cpus=-1)
+    assert other.calls == ["init"]
