@@ -388,6 +388,10 @@ def parse_args() -> argparse.Namespace:
                         help="where the embedded broker keeps its log in every run (the floor's too): s3 (SeaweedFS, "
                              "durable, as `stam stack up` runs it) or memory (nothing written: what the worker's path "
                              "costs without the embedded storage); default: STAM_BROKER_STORAGE, else s3")
+    parser.add_argument("--redis-fsync", choices=["everysec", "always"], default=None,
+                        help="the embedded Redis's appendfsync in every run: everysec (a new patient's first entry "
+                             "waits up to 2 s for its data key to be on disk) or always (no such wait; every write "
+                             "fsynced); default: STAM_REDIS_FSYNC, else everysec")
     parser.add_argument("--cold-vocabulary", action="store_true",
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
                              "during the measurement, as on a deployment's first day (default: the feed's concept "
@@ -454,8 +458,11 @@ def main() -> None:
             for e in whole[args.entries: args.entries + args.warmup]]
     if args.broker_storage:  # every stack.up of the run reads it, the floor's included
         os.environ["STAM_BROKER_STORAGE"] = args.broker_storage
+    if args.redis_fsync:
+        os.environ["STAM_REDIS_FSYNC"] = args.redis_fsync
     report: dict[str, Any] = {"benchmark": "hospital_feed", "cpu_count": os.cpu_count(),
                               "broker_storage": os.environ.get("STAM_BROKER_STORAGE") or "s3",
+                              "redis_fsync": os.environ.get("STAM_REDIS_FSYNC") or "everysec",
                               "feed": {**feed_stats(feed), "of_total": len(whole),
                                        "load_seconds": round(time.monotonic() - t0, 1)}}
     vocabulary = None
