@@ -175,6 +175,9 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
     feed = report["feed"]
     head = (f"{fmt(feed['entries'])} entries of the MIMIC-IV hospital feed ({fmt(feed.get('patients'))} patients), "
             "each run on a fresh embedded stack")
+    if "broker_storage" in report:  # recorded since the benchmark could choose them
+        head += (f" (the broker's log on {report['broker_storage']}, Redis appendfsync "
+                 f"{report.get('redis_fsync', 'everysec')})")
     out = head + "\n\n" + table(["run", "write path", "workers", "fetch wait ms", "load", "entries/s", "p50 ms",
                                    "p99 ms", "hop waits p50 ms (sum)", "stale-redo", "CPU ms/entry"], rows)
     floor = report.get("faust_floor")
