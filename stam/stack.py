@@ -11,9 +11,11 @@ Production points ``STAM_BROKER_URL``, ``STAM_REDIS_URL`` and ``STAM_MILVUS_URI`
 Durability: the broker keeps every topic under ``<home>/broker/`` (SeaweedFS volumes); Tansu answers a produce
 after its S3 PUT returned, and the bucket is configured with ``fsync`` (SeaweedFS fsyncs each write's data).
 ``STAM_BROKER_STORAGE=memory`` runs the old in-memory broker (lost on restart; for quick experiments).
-Redis writes ``<home>/appendonly.aof`` with ``appendfsync`` from ``STAM_REDIS_FSYNC`` (everysec by default;
-``no`` keeps no append-only file, only the RDB snapshot: for testing the worker's recovery from a Redis that
-loses its last writes, never for a deployment).
+Redis writes ``<home>/appendonly.aof`` with ``appendfsync`` from ``STAM_REDIS_FSYNC``: ``always`` by default
+(every acknowledged write on disk; a new patient's data key is durable at once, so no batch waits out an fsync
+window for it, see docs/embedded-stack.md), ``everysec`` (writes older than ~2 s on disk), or ``no`` (no
+append-only file, only the RDB snapshot: for testing the worker's recovery from a Redis that loses its last
+writes, never for a deployment).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ class StackInfo:
     pids: dict[str, int]
     processes: dict[str, Process] = field(default_factory=dict)
     broker_storage: str = "s3"
-    redis_fsync: str = "everysec"
+    redis_fsync: str = "everysec"  # a stack.json written before the field was: what those stacks ran
     stopped: bool = False
     restarted: list[str] = field(default_factory=list)  # what the last ``up`` (re)started; not saved
 
@@ -298,7 +300,7 @@ def _configure_fsync(p: Process) -> None:
 
 def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None) -> StackInfo:
     """Start the stack, or the processes of a recorded stack that are not running (same ports, same data).
-    ``storage``/``redis_fsync`` (default: ``STAM_BROKER_STORAGE``, ``STAM_REDIS_FSYNC``, else s3/everysec)
+    ``storage``/``redis_fsync`` (default: ``STAM_BROKER_STORAGE``, ``STAM_REDIS_FSYNC``, else s3/always)
     apply to a new home; a recorded stack keeps its own. ``info.restarted`` names what this call started."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
@@ -309,7 +311,7 @@ def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None
         info = None  # an old stack.json without commands: start afresh (data stays in home)
     if info is None:
         storage = storage or os.environ.get("STAM_BROKER_STORAGE") or "s3"
-        redis_fsync = redis_fsync or os.environ.get("STAM_REDIS_FSYNC") or "everysec"
+        redis_fsync = redis_fsync or os.environ.get("STAM_REDIS_FSYNC") or "always"
         procs = _specs(home, storage, redis_fsync, {})
         info = StackInfo(broker_url="", redis_url="", milvus_uri="", pids={}, processes=procs,
                          broker_storage=storage, redis_fsync=redis_fsync, stopped=True)
