@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import time
@@ -41,8 +42,8 @@ def _pid(home: Path, name: str) -> int:
     return info.pids[name]
 
 
-def _kill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
+def _kill(pid: int, sig: int = signal.SIGKILL) -> None:
+    os.kill(pid, sig)
     while Path(f"/proc/{pid}").exists() and b"zombie" not in Path(f"/proc/{pid}/status").read_bytes().lower():
         time.sleep(0.05)
 
@@ -173,10 +174,13 @@ def test_a_milvus_outage_does_not_kill_the_worker(stack_settings: Any, tmp_path:
     assert not [x for x in letters if x.get("error_type", "").startswith("Milvus")]
 
 
-def test_reads_go_on_after_milvus_restarts_with_the_collection_released(stack_settings: Any) -> None:
+def test_reads_go_on_after_milvus_restarts_with_the_collection_released(stack_settings: Any,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
     """A restarted Milvus comes back with the collection 'released' (code 101 on every search and query). The
     store loads it again instead of failing each read: CI once saw the write path hold a partition on this for
-    five minutes after the outage above."""
+    five minutes after the outage above. Milvus is stopped with SIGTERM, not SIGKILL: a kill -9 just after the flush
+    has twice left Milvus Lite's own files truncated ("No data left in file" on the load), which is the embedded
+    server's crash consistency, not what this test is about (a deployment's Milvus keeps a write-ahead log)."""
     import numpy as np
 
     from schemas import Store
@@ -188,9 +192,11 @@ def test_reads_go_on_after_milvus_restarts_with_the_collection_released(stack_se
     one = np.ones(8, dtype=np.float32)
     vectors.place("p-restart", [VectorRow("m1", one, Store.ACTIVE)])
     vectors.flush()
-    _kill(_pid(s.home, "milvus"))
+    _kill(_pid(s.home, "milvus"), signal.SIGTERM)
     stack.up(s.home)
-    hits = vectors.search("p-restart", Store.ACTIVE, one[None, :], 3)
+    with caplog.at_level(logging.WARNING, logger="stam.backends.milvus"):
+        hits = vectors.search("p-restart", Store.ACTIVE, one[None, :], 3)
+    assert "was released" in caplog.text  # the restart released it, and the store loaded it again
     assert [h.memory_id for h in hits[0]] == ["m1"]
     assert vectors.count("p-restart", Store.ACTIVE) == 1
     assert list(vectors.fetch_ids("p-restart", ["m1"])) == ["m1"]
