@@ -34,9 +34,12 @@ from stam.serving.vllm_app import build_vllm_app
 log = logging.getLogger("stam.serving")
 
 RAY_START_ATTEMPTS = 3
-"""Ray's own start-up gives the raylet 30 s (hard-coded in ray/_private/node.py) to register with the GCS; on a busy
-small node it has missed that (ray-project/ray#47087, #62883; here twice in six fresh-clone test runs, with no raylet
-log written). The next start, after a shutdown, has always come up."""
+"""Ray's own start-up gives its processes fixed times: the raylet 30 s (hard-coded in ray/_private/node.py) to register
+with the GCS, the GCS server a wait for its port file. On this 2-core machine the first start in a fresh environment
+has missed one or the other, with no log written by the process waited for (ray-project/ray#47087, #62883): three
+times in seven fresh-clone test runs. The next start, after a shutdown, has always come up."""
+RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+"""What Ray's start-up says when one of its processes did not come up in its time (the raylet; the GCS server)."""
 
 # No whitespace between a JSON reply's tokens, as vLLM's grammar here (``disable_any_whitespace``, see
 # ``stam.serving.config``): both engines lead a model down the same tokens, replies are shorter, and the
@@ -199,8 +202,9 @@ def build_from_args(args: dict[str, Any]) -> Any:
 
 
 def start_ray(**options: Any) -> None:
-    """``ray.init(**options)``, started again (after ``ray.shutdown()``) when the node times out during start-up, up
-    to :data:`RAY_START_ATTEMPTS` times; any other failure, or the last timeout, is raised as Ray raised it."""
+    """``ray.init(**options)``, started again (after ``ray.shutdown()``) when one of Ray's processes did not come up in
+    its time (:data:`RAY_START_TIMEOUTS`), up to :data:`RAY_START_ATTEMPTS` times; any other failure, or the last
+    timeout, is raised as Ray raised it."""
     # deferred: optional ray (stam[llm]), not installed everywhere
     import ray
 
@@ -209,10 +213,10 @@ def start_ray(**options: Any) -> None:
             ray.init(**options)
             return
         except Exception as exc:  # Ray raises a bare Exception for this timeout
-            if "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
+            if not any(s in str(exc) for s in RAY_START_TIMEOUTS) or attempt == RAY_START_ATTEMPTS:
                 raise
-            log.warning("Ray's node did not come up in time (attempt %d of %d); starting it again", attempt,
-                        RAY_START_ATTEMPTS)
+            log.warning("Ray's node did not come up in time (attempt %d of %d: %s); starting it again", attempt,
+                        RAY_START_ATTEMPTS, str(exc).splitlines()[0][:200])
             ray.shutdown()
 
 

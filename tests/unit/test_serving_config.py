@@ -210,13 +210,17 @@ TIMED_OUT = Exception("The current node timed out during startup. This could hap
                       "to startup or the GCS has become overloaded.")
 
 
+GCS_LATE = RuntimeError("Timed out waiting for file /tmp/ray/session_2026-11-28_14-40-11_664163_2604/gcs_server_port_"
+                        "778bad3bbfe04a554540b4460a2b5a1270fe313d2dee8db83dde414c")
+
+
 def test_ray_is_started_again_when_its_node_times_out_during_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
     from stam.serving import app
 
-    fake = _FakeRay(TIMED_OUT)
+    fake = _FakeRay(TIMED_OUT, GCS_LATE)
     monkeypatch.setitem(sys.modules, "ray", fake)
     app.start_ray(num_cpus=2)
-    assert fake.calls == ["init", "shutdown", "init"]
+    assert fake.calls == ["init", "shutdown", "init", "shutdown", "init"]
 
 
 def test_ray_start_gives_up_after_its_attempts_and_other_failures_are_raised_at_once(
