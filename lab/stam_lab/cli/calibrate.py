@@ -12,8 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stam.cli.context import add_replay_options, check_sources, emit_report, table
+from stam.cli.context import emit_report, table
 from stam.cli.deletion import GUARANTEE
+from stam_lab.cli.replay import add_replay_options, check_sources
 
 if TYPE_CHECKING:
     from schemas import AtomicMemory

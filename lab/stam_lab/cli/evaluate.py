@@ -14,8 +14,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from stam.cli.context import LazyBar, add_replay_options, check_sources, emit_report, table
+from stam.cli.context import LazyBar, emit_report, table
 from stam.sources.mimic import TABLES as MIMIC_TABLES
+from stam_lab.cli.replay import add_replay_options, check_sources
 from stam_lab.eval.mimic_qa import PER_PATIENT as MIMIC_QA_PER_PATIENT
 from stam_lab.eval.mimic_qa import balanced_sample, build_questions, read_jsonl, write_jsonl
 from stam_lab.eval.provenance import stamp
