@@ -161,9 +161,11 @@ def _metrics(port: int) -> str:
 
 
 def scrape(ports: Sequence[int]) -> dict[str, Any]:
-    """Stage time and hop wait histogram buckets and the stale-redo counter, summed over the workers."""
+    """Stage time and hop wait histogram buckets, the stale-redo counter and what the updater did with the link and
+    impact work (``stam_update_reads_total``), summed over the workers."""
     buckets: dict[str, dict[float, float]] = {}
     waits: dict[str, dict[float, float]] = {}
+    reads: dict[str, float] = {}
     redo = 0.0
     for port in ports:
         text = _metrics(port)
@@ -173,7 +175,17 @@ def scrape(ports: Sequence[int]) -> dict[str, Any]:
             stage[float(m.group(2))] = stage.get(float(m.group(2)), 0.0) + float(m.group(4))
         found = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
         redo += float(found.group(1)) if found else 0.0
-    return {"buckets": buckets, "waits": waits, "stale_redo": redo}
+        for m in re.finditer(r'^stam_update_reads_total\{reads="(\w+)"\} (\S+)', text, re.M):
+            reads[m.group(1)] = reads.get(m.group(1), 0.0) + float(m.group(2))
+    return {"buckets": buckets, "waits": waits, "stale_redo": redo, "reads": reads}
+
+
+def reads_of(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """What the updater did with the run's link and impact work (the four stages; empty for the one-hop path):
+    entries and share per outcome, current, reused, patched or redone (:mod:`stam.stages.reads`)."""
+    counts = {k: int(v - before["reads"].get(k, 0.0)) for k, v in after["reads"].items()}
+    total = sum(counts.values())
+    return {k: {"entries": n, "share": round(n / total, 3)} for k, n in sorted(counts.items())} if total else {}
 
 
 def stage_quantiles(before: dict[str, Any], after: dict[str, Any], family: str = "buckets") -> dict[str, Any]:
@@ -358,6 +370,7 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
                 "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
+                "link_impact_reads": reads_of(before, after),
                 "worker_peak_rss_mb": [vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}
 
 

@@ -52,6 +52,20 @@ class ImpactCandidate(WireModel):
     relation: RelationType | None = None
 
 
+class SemanticRead(WireModel):
+    """What impact retrieval's semantic channel read for one new memory: its top-B prior memories by cosine, best
+    first. The update stage merges the memories added since into it instead of searching again."""
+
+    memory_ids: tuple[NonEmptyStr, ...]
+    scores: tuple[float, ...]
+
+    @model_validator(mode="after")
+    def _paired(self) -> SemanticRead:
+        if len(self.memory_ids) != len(self.scores):
+            raise ValueError("memory_ids and scores must pair up")
+        return self
+
+
 class ImpactedEntry(WireModel):
     """impact -> update: candidates per new memory (keyed by the new memory id)."""
 
@@ -62,6 +76,12 @@ class ImpactedEntry(WireModel):
     candidates: dict[str, tuple[ImpactCandidate, ...]]
     state_version: int = Field(ge=0)
     deferred: bool = Field(default=False, description="See LinkedEntry.deferred")
+    semantic: dict[str, SemanticRead] | None = Field(
+        default=None,
+        description="Per new memory, the semantic channel's hits at state_version (None: not recorded). With the "
+        "candidates and the relations, what link and impact read: the update stage redoes their work only when "
+        "something they read changed since state_version",
+    )
 
 
 class Archive(WireModel):

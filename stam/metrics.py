@@ -28,7 +28,13 @@ DELETIONS_SKIPPED = Counter("stam_deletions_skipped_total",
                             "coded-never-forget)",
                             ["why"])
 REDONE = Counter("stam_stale_redo_total",
-                 "Entries whose link/impact were redone because the patient state moved meanwhile")
+                 "Entries whose link/impact the updater ran again, search included, because what they read could "
+                 "not be checked (no record, a version this worker did not apply, a semantic hit gone)")
+READS = Counter("stam_update_reads_total",
+                "Entries of the four stages by what the updater did with their link and impact work: current (read "
+                "at the version applied to), reused (what they read had not changed), patched (looked up again in "
+                "memory, the semantic search kept with the memories added since merged in), redone (searched again)",
+                ["reads"])
 RECOVERIES = Counter("stam_state_recoveries_total",
                      "Times the worker found the state store behind the transition log and rebuilt it")
 RECOVERED_PATIENTS = Counter("stam_state_recovered_patients_total",

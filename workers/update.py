@@ -26,9 +26,9 @@ from pydantic import BaseModel
 
 from schemas import DeletionOrder, ImpactedEntry
 from stam.errors import MessageTooLarge, StateRolledBack
-from stam.metrics import ARCHIVE_REFUSED, DELETIONS_SKIPPED, MESSAGES, REDONE, TRANSITIONS
+from stam.metrics import ARCHIVE_REFUSED, DELETIONS_SKIPPED, MESSAGES, READS, REDONE, TRANSITIONS
 from stam.stage_thread import STAGE_THREAD
-from stam.stages import Deps, UpdateResult, deferred_to_update, delete_batch, update_batch
+from stam.stages import DeletionResult, Deps, UpdateResult, deferred_to_update, delete_batch, update_batch
 from workers.extract import VerifiedEntry, extract_verified, verifier
 from workers.outbox import DeliveredOutboxes, Republisher
 from workers.runtime import Runtime
@@ -93,13 +93,15 @@ class Publisher:
         self.runtime = runtime
         self.outboxes = outboxes
         self.count_redone = count_redone
-        """``stam_update_redone_total``: the link and impact work of another stage that went stale (the one-hop
-        path has no such stage: it links once, at the update)."""
+        """``stam_update_reads_total`` and ``stam_stale_redo_total``: what became of the link and impact work of
+        the stages before (the one-hop path has no such stage: it links once, at the update)."""
 
     async def publish(self, event: faust.EventT[Any], done: Done) -> None:
         out, sealed, ids = done
-        if out.redone and self.count_redone:
-            REDONE.inc()
+        if self.count_redone and not out.duplicate and not isinstance(out, DeletionResult):
+            READS.labels(reads=out.reads.value).inc()
+            if out.redone:
+                REDONE.inc()
         if out.duplicate:
             MESSAGES.labels(stage="update", outcome="duplicate").inc()
             await self.close_gap(ids)

@@ -95,6 +95,14 @@ class VectorStore(ABC):
             merged.append(hits[:limit])
         return merged
 
+    def similarities(self, patient_id: str, version: int, vectors: np.ndarray,
+                     memory_ids: Sequence[str]) -> np.ndarray | None:
+        """Cosine of each query vector with each of ``memory_ids`` at the patient's state ``version`` (a row per
+        vector), as :meth:`nearest` scores them; None when the store cannot say without a search. The update
+        stage uses it to merge the memories added since into a semantic channel read earlier
+        (:mod:`stam.stages.reads`); this default says None, so that stage searches again."""
+        return None
+
     def committed(self, patient_id: str, from_version: int, to_version: int,  # noqa: B027 - optional hook
                   rows: Sequence[VectorRow]) -> None:
         """The update stage applied ``rows`` for a patient, moving its state from ``from_version`` to

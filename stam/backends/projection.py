@@ -178,6 +178,16 @@ class VectorProjection(VectorStore):
             out.append(hits)
         return out
 
+    def similarities(self, patient_id: str, version: int, vectors: np.ndarray,
+                     memory_ids: Sequence[str]) -> np.ndarray | None:
+        """The cosines :meth:`nearest` would score ``memory_ids`` by; None when one of them is not held."""
+        p = self._get(patient_id, version)
+        rows = [p.group[pos] for pos in (p.index.get(mid) for mid in memory_ids) if pos is not None]
+        if len(rows) != len(memory_ids):
+            return None
+        q = vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return np.asarray(q.astype(np.float32) @ p.matrix[rows].T)
+
     def committed(self, patient_id: str, from_version: int, to_version: int, rows: Sequence[VectorRow]) -> None:
         """Apply a committed write. If the projection is not at ``from_version`` it is dropped instead."""
         with self._lock:

@@ -53,10 +53,11 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
         ("Consumer lag per topic and partition", "short", "End offset minus committed offset of each partition, "
          "per consumer group (0 when caught up)",
          [("{{group}} {{topic}}/{{partition}}", "sum by (group, topic, partition) (stam_consumer_lag)")]),
-        ("Stale-redo ratio", "percentunit", "Share of applied entries whose link/impact the updater redid because "
-         "the patient's state moved meanwhile",
-         [("stale redo", f"sum(rate(stam_stale_redo_total[{RATE}])) / clamp_min(sum(rate(stam_messages_total"
-                         f"{{stage=\"update\", outcome=\"ok\"}}[{RATE}])), 1e-9)")]),
+        ("Link and impact work at the updater", "percentunit", "Four stages: share of applied entries by what "
+         "the updater did with their link/impact work: current, reused (nothing they read changed), patched (looked "
+         "up again in memory, search kept), redone (searched again: the stale-redo ratio)",
+         [("{{reads}}", f"sum by (reads) (rate(stam_update_reads_total[{RATE}])) / scalar(clamp_min(sum("
+                        f"rate(stam_update_reads_total[{RATE}])), 1e-9))")]),
         ("Stalled partitions and stage bugs", "short", "Partitions held by an unexpected exception now, and such "
          "exceptions per second (a bug: alert on any)",
          [("stalled {{stage}}", "sum by (stage) (stam_partition_stalled)"),

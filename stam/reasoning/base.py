@@ -163,6 +163,15 @@ class Router:
                 decisions[i] = d
         return [d for d in decisions if d is not None]
 
+    def semantic_floor(self, memory: AtomicMemory) -> float:
+        """The least cosine at which an impact candidate found by meaning alone can change the update decision about
+        ``memory``, as the reasoner it goes to declares it (``semantic_floor``); minus infinity, every such
+        candidate counts, for a reasoner that does not say. The update stage keeps the impact work of an earlier
+        stage when the only memories added since are below it (:mod:`stam.stages.reads`)."""
+        reasoner = self.text if self._model_memory(memory) else self.coded
+        floor = getattr(reasoner, "semantic_floor", None)
+        return float(floor(memory)) if callable(floor) else float("-inf")
+
     def links_at_update(self, memory: AtomicMemory) -> bool:
         """Whether this memory's relations come with its update decision (impact then takes its graph hop
         from the memory's best semantic neighbours)."""

@@ -199,6 +199,11 @@ def verbatim_memory(entry: RecordEntry, position: int = 0) -> AtomicMemory:
 class CodedReasoner:
     name = "coded"
 
+    def semantic_floor(self, memory: AtomicMemory) -> float:
+        """Never a candidate found by meaning alone: its update acts only on candidates of the memory's concept, of
+        its source resource, or of a resource the entry replaces or discontinues (all looked up by key)."""
+        return float("inf")
+
     # --- extract -----------------------------------------------------------------------------------
 
     def extract(self, entry: RecordEntry) -> list[AtomicMemory]:

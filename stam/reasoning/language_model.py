@@ -280,6 +280,10 @@ class ModelReasoner:
 
     # --- link ------------------------------------------------------------------------------------------
 
+    def semantic_floor(self, memory: AtomicMemory) -> float:
+        """Its update shows no candidate found by meaning alone below ``min_score``."""
+        return self.min_score
+
     def link(self, entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState) -> list[Relation]:
         """No call here: the relations of a model memory are decided with its update, in the same call."""
         return []

@@ -1,41 +1,22 @@
 """What the write-path stages need (:class:`Deps`: the services, the frozen :class:`StageParams`, the worker's
-own :class:`InFlight`), and what the update stage returns (:class:`UpdateResult`)."""
+own :class:`~stam.stages.changelog.ChangeLog`), and what the update stage returns (:class:`UpdateResult`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum
 
 from schemas import Channel, TransitionEvent
 from stam.backends.base import StateStore, VectorStore
 from stam.embedding import Embedder
 from stam.reasoning.base import Router
+from stam.stages.changelog import ChangeLog
 
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-class InFlight:
-    """Per patient, the state version at which this worker last forwarded an entry from the link stage.
-
-    Every applied entry advances the version by one. If the link stage sees a patient at the same version
-    it last forwarded one at, that entry has not been applied yet, so anything computed now is certain to
-    be stale when this entry reaches the update stage: the link stage defers the work instead of doing it
-    twice. A patient not tracked here (a restart, a rebalance, eviction) simply gets the work done now.
-    """
-
-    def __init__(self, max_patients: int = 100_000) -> None:
-        self._seen: dict[str, int] = {}
-        self._max = max_patients
-
-    def defer(self, patient_id: str, version: int) -> bool:
-        stale = self._seen.get(patient_id) == version
-        if len(self._seen) >= self._max and patient_id not in self._seen:
-            self._seen.clear()
-        self._seen[patient_id] = version
-        return stale
 
 
 @dataclass(frozen=True)
@@ -75,7 +56,17 @@ class Deps:
     # frozen parameters
     params: StageParams = field(default_factory=StageParams)
     # worker-local state: never shared between processes, safe to lose
-    inflight: InFlight = field(default_factory=InFlight)
+    changes: ChangeLog = field(default_factory=ChangeLog)
+
+
+class Reads(Enum):
+    """What the update stage did with the link and impact work of an entry."""
+
+    CURRENT = "current"
+    """Read at the version the entry is applied to (or the one-hop path, which links at the update)."""
+    REUSED = "reused"
+    PATCHED = "patched"
+    REDONE = "redone"
 
 
 @dataclass
@@ -85,4 +76,10 @@ class UpdateResult:
     transitions: list[TransitionEvent]
     state_version: int
     duplicate: bool = False
-    redone: bool = False
+    reads: Reads = Reads.CURRENT
+    """What the update did with the entry's link and impact work (:mod:`stam.stages.reads`)."""
+
+    @property
+    def redone(self) -> bool:
+        """Its link and impact ran again at the update, semantic search included."""
+        return self.reads is Reads.REDONE

@@ -19,6 +19,7 @@ from schemas import (
     RecordEntry,
     Relation,
     RelationType,
+    SemanticRead,
     Store,
 )
 from stam.backends.base import Hit
@@ -44,15 +45,22 @@ EXPLICIT_ROLES = ENDING_ROLES
 """Reference roles that name a source resource the entry ends; its memories are always impact candidates."""
 
 
+def semantic_hits(memories: Sequence[AtomicMemory], state: PatientState, deps: Deps) -> list[list[Hit]]:
+    """The semantic channel: per new memory, its top-B prior memories of both stores by cosine."""
+    return _semantic(memories, memory_vectors(memories, deps.embedder), state, deps)
+
+
 def impact_candidates(memories: Sequence[AtomicMemory], relations: Sequence[Relation], state: PatientState,
-                      deps: Deps, entry: RecordEntry | None = None) -> dict[str, list[Impact]]:
+                      deps: Deps, entry: RecordEntry | None = None,
+                      semantic: Sequence[Sequence[Hit]] | None = None) -> dict[str, list[Impact]]:
     """Semantic top-B over ACTIVE+HISTORY, exact-concept matches, resources the entry explicitly replaces or
-    discontinues, and one graph hop, per new memory."""
+    discontinues, and one graph hop, per new memory. ``semantic``: the semantic channel's hits when they are known
+    already (:func:`semantic_hits`, or merged by the update stage), instead of searching."""
     channels = deps.params.impact_channels
     explicit = ([r.target for r in (entry.references if entry else ()) if r.role in EXPLICIT_ROLES]
                 if Channel.CODE in channels else [])
-    vectors = memory_vectors(memories, deps.embedder)
-    semantic = _semantic(memories, vectors, state, deps)
+    if semantic is None:
+        semantic = semantic_hits(memories, state, deps)
     known = state.memories
     new_ids = {m.memory_id for m in memories}
     out: dict[str, list[Impact]] = {}
@@ -115,7 +123,8 @@ def impact_batch(items: Sequence[LinkedEntry], deps: Deps) -> list[ImpactedEntry
 
 
 def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
-    """Prior memories (both stores) whose validity the new memories may affect."""
+    """Prior memories (both stores) whose validity the new memories may affect, and what the semantic channel read
+    (the update stage checks it: :mod:`stam.stages.reads`)."""
     if x.deferred:
         return ImpactedEntry(entry=x.entry, memories=x.memories, relations=(), candidates={},
                              state_version=x.state_version, deferred=True)
@@ -123,10 +132,14 @@ def impact_stage(x: LinkedEntry, deps: Deps) -> ImpactedEntry:
     relations: Sequence[Relation] = x.relations
     if state.version != x.state_version:
         relations = link_relations(x.entry, x.memories, state, deps)
-    candidates = impact_candidates(x.memories, relations, state, deps, x.entry)
-    return ImpactedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),
-                         candidates={k: tuple(c.to_wire() for c in v) for k, v in candidates.items()},
-                         state_version=state.version)
+    hits = semantic_hits(x.memories, state, deps)
+    candidates = impact_candidates(x.memories, relations, state, deps, x.entry, semantic=hits)
+    return ImpactedEntry(
+        entry=x.entry, memories=x.memories, relations=tuple(relations),
+        candidates={k: tuple(c.to_wire() for c in v) for k, v in candidates.items()}, state_version=state.version,
+        semantic={m.memory_id: SemanticRead.model_construct(memory_ids=tuple(h.memory_id for h in hs),
+                                                           scores=tuple(float(h.score) for h in hs))
+                  for m, hs in zip(x.memories, hits, strict=True)})
 
 
 def deferred_to_update(items: Sequence[ExtractedEntry]) -> list[ImpactedEntry]:

@@ -1,5 +1,5 @@
 """The link stage: typed relations from an entry's new memories to the patient's ACTIVE memories, computed at
-the state version it read (or deferred, when that version is certain to be stale at the update stage)."""
+the state version it read (the update stage checks what they read: :mod:`stam.stages.reads`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from stam.stages.deps import Deps
 
 def link_relations(entry: RecordEntry, memories: Sequence[AtomicMemory], state: PatientState,
                    deps: Deps) -> list[Relation]:
-    """The relations the router links ``memories`` by to ``state`` (the update stage redoes them on a stale
-    entry)."""
+    """The relations the router links ``memories`` by to ``state`` (the update stage looks them up again when
+    something they read changed)."""
     return deps.router.link(entry, memories, state)
 
 
@@ -25,11 +25,6 @@ def link_batch(items: Sequence[ExtractedEntry], deps: Deps) -> list[LinkedEntry]
 
 def link_stage(x: ExtractedEntry, deps: Deps) -> LinkedEntry:
     """Typed relations from the new memories to the patient's ACTIVE memories."""
-    version = deps.states.version(x.entry.patient_id)
-    if deps.inflight.defer(x.entry.patient_id, version):
-        # Deferred: only the version is needed, not the patient's state.
-        return LinkedEntry(entry=x.entry, memories=x.memories, relations=(), state_version=version,
-                           deferred=True)
     state = deps.states.load(x.entry.patient_id)
     relations = link_relations(x.entry, x.memories, state, deps)
     return LinkedEntry(entry=x.entry, memories=x.memories, relations=tuple(relations),

@@ -1,5 +1,6 @@
 """The update stage, the single writer of patient state: each entry's decisions applied to a working copy of its
-patient's state (link and impact redone when they went stale), then one versioned commit for the batch."""
+patient's state (link and impact looked up again when what they read changed), then one versioned commit for the
+batch."""
 
 from __future__ import annotations
 
@@ -30,10 +31,12 @@ from stam.ids import transition_id
 from stam.integrity import archive_refusal
 from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Impact
+from stam.stages.changelog import VersionChange
 from stam.stages.deps import Deps, UpdateResult
 from stam.stages.extract import extract_stage
-from stam.stages.impact import impact_candidates, impact_stage
-from stam.stages.link import link_relations, link_stage
+from stam.stages.impact import impact_stage
+from stam.stages.link import link_stage
+from stam.stages.reads import reads_for_update
 
 R = TypeVar("R")
 
@@ -80,6 +83,8 @@ class PatientWork:
     rows: dict[str, VectorRow] = field(default_factory=dict)
     outboxes: dict[str, bytes] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
+    log: list[VersionChange] = field(default_factory=list)
+    """What each entry applied to the working copy changed, in version order (recorded once committed)."""
 
 
 def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[UpdateResult]:
@@ -100,13 +105,11 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
             pending = None if x.entry.entry_id in w.outboxes else deps.states.pending_outbox(pid, x.entry.entry_id)
             results.append(UpdateResult(decode_outbox(pending) if pending else [], state.version, duplicate=True))
             continue
-        redone = x.deferred or state.version != x.state_version
-        relations: Sequence[Relation] = x.relations
-        candidates = {k: [Impact.from_wire(c) for c in v] for k, v in x.candidates.items()}
-        if redone:
-            relations = link_relations(x.entry, x.memories, state, deps)
-            candidates = impact_candidates(x.memories, relations, state, deps, x.entry)
+        changes = (None if x.deferred or state.version == x.state_version
+                   else deps.changes.since(pid, x.state_version, w.base_version, w.log))
+        relations, candidates, reads = reads_for_update(x, state, changes, deps)
         events, changed = _apply(x, relations, candidates, state, deps)
+        w.log.append(VersionChange.of(state.version, list(changed), events, x.memories))
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
             changed, memory_vectors([c.memory for c in changed.values()], deps.embedder), strict=True)]
         deps.vectors.committed(pid, state.version - 1, state.version, rows)
@@ -115,7 +118,7 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         w.outboxes[x.entry.entry_id] = orjson.dumps([e.model_dump(mode="json") for e in events])
         if x.entry.text and x.entry.text.strip():
             w.sources[x.entry.entry_id] = x.entry.text
-        results.append(UpdateResult(events, state.version, redone=redone))
+        results.append(UpdateResult(events, state.version, reads=reads))
 
     commits = [Commit(patient_id=pid, expected_version=w.base_version, state=w.state,
                       changed=list(w.changed.values()), outboxes=w.outboxes, sources=w.sources)
@@ -129,6 +132,8 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
         for pid in work:
             deps.vectors.forget(pid)
         raise
+    for pid, w in work.items():
+        deps.changes.record(pid, w.log)
     return results
 
 

@@ -47,6 +47,7 @@ CORE: list[tuple[str, str]] = [
     ("consumer lag", 'sum by (group, topic, partition) (stam_consumer_lag)'),
     ("stale redo ratio", 'sum(rate(stam_stale_redo_total[1m])) / clamp_min(sum(rate(stam_messages_total'
                          '{stage="update"}[1m])), 1e-9)'),
+    ("link and impact work at the updater", 'sum by (reads) (increase(stam_update_reads_total[5m]))'),
     ("queries/s", 'sum by (channel, outcome) (rate(stam_queries_total[1m]))'),
     ("query p99", 'histogram_quantile(0.99, sum by (le, channel) (rate(stam_query_seconds_bucket[1m])))'),
     ("HISTORY served rate", 'sum(rate(stam_queries_total{served="both"}[1m])) / clamp_min(sum(rate('
