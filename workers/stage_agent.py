@@ -278,11 +278,26 @@ async def send_bytes(topic: faust.TopicT, key: bytes | None, value: bytes, *, wh
         raise
 
 
+def seal_within_limit(sealer: Sealer, patient_id: str, payload: BaseModel,
+                      shrink: Callable[[Any], BaseModel | None] | None = None) -> tuple[bytes, bytes]:
+    """:func:`seal`, and when the sealed value is over the broker's limit, ``shrink``'s smaller form of the payload
+    instead (what it leaves out only costs the next stage work: the impact stage's record of what it read). Still
+    over, or nothing to leave out: the value as it is, which :func:`send_bytes` refuses with a clear error."""
+    key, value = seal(sealer, patient_id, payload)
+    if len(value) + len(key) > OUTPUT_LIMIT and shrink is not None:
+        smaller = shrink(payload)
+        if smaller is not None:
+            key, value = seal(sealer, patient_id, smaller)
+    return key, value
+
+
 async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type[In],
                           fn: Callable[[list[In], Deps], list[Out]], runtime: Runtime,
-                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any], bytes], In] | None = None) -> None:
+                          dest: faust.TopicT, parse: Callable[[faust.EventT[Any], bytes], In] | None = None,
+                          shrink: Callable[[Any], BaseModel | None] | None = None) -> None:
     """Consume in batches of whatever is waiting (at most ``stage_batch``, 20 ms apart), run the batch
-    stage function, send each result on sealed for its patient and keyed by the patient's pseudonym."""
+    stage function, send each result on sealed for its patient and keyed by the patient's pseudonym (in the form
+    ``shrink`` gives when it is over the broker's limit: :func:`seal_within_limit`)."""
     sealer = runtime.sealer
 
     def sealed_fn(items: list[In], deps: Deps) -> list[tuple[bytes, bytes, str]]:
@@ -290,7 +305,7 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
         out = []
         for result in fn(items, deps):
             payload: Any = result
-            key, value = seal(sealer, payload.entry.patient_id, payload)
+            key, value = seal_within_limit(sealer, payload.entry.patient_id, payload, shrink)
             out.append((key, value, type(result).__name__))
         sealer.durable()  # a key made just now is on Redis's disk before anything sealed under it leaves
         return out
