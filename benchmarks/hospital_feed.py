@@ -296,6 +296,10 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
     sampler.cancel()
     elapsed = max(state["done"].values(), default=started) - started
     latencies = [state["done"][e] - sent_at[e] for e in state["done"] if e in sent_at]
+    # A burst's first entries: the first tenth sent, and when their transitions came (backpressure: first in, first
+    # out, instead of after the whole burst was extracted).
+    first_sent = sorted(sent_at, key=sent_at.__getitem__)[: max(1, len(sent_at) // 10)]
+    first = [state["done"][e] - sent_at[e] for e in first_sent if e in state["done"]]
     behind = [s - d for _, s, d in lag]
     step = max(1, len(lag) // 60)
     return {
@@ -305,6 +309,9 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
         "seconds": round(elapsed, 1), "entries_per_s": round(len(state["done"]) / elapsed, 1) if elapsed else None,
         "latency_s": {"p50": round(float(np.percentile(latencies, 50)), 3),
                       "p99": round(float(np.percentile(latencies, 99)), 3)} if latencies else None,
+        "first_tenth_latency_s": {"p50": round(float(np.percentile(first, 50)), 3),
+                                  "p99": round(float(np.percentile(first, 99)), 3)} if first else None,
+        "first_transition_s": round(min(state["done"].values()) - started, 3) if state["done"] else None,
         "lag_entries": {"max": max(behind, default=0),
                         "at_end_of_publish": next((s - d for t, s, d in lag if t >= published), None),
                         "series_t_sent_done": lag[::step]},

@@ -30,6 +30,8 @@ DELETIONS_SKIPPED = Counter("stam_deletions_skipped_total",
 REDONE = Counter("stam_stale_redo_total",
                  "Entries whose link/impact the updater ran again, search included, because what they read could "
                  "not be checked (no record, a version this worker did not apply, a semantic hit gone)")
+RUN_AHEAD = Gauge("stam_run_ahead_entries", "Four stages in one process: entries the extract stage handed on that "
+                  "have not left the pipeline (bounded by STAM_RUN_AHEAD_ENTRIES)")
 READS = Counter("stam_update_reads_total",
                 "Entries of the four stages by what the updater did with their link and impact work: current (read "
                 "at the version applied to), reused (what they read had not changed), patched (looked up again in "

@@ -26,6 +26,7 @@ from workers import extract, impact, link, update
 from workers.handoff import FUSED_CLIENT_ID, check_fused_start
 from workers.ops import Readiness, claim_port, start_metrics
 from workers.ops import install as install_ops
+from workers.run_ahead import RunAhead
 from workers.runtime import Runtime
 from workers.stage_agent import background_failed
 
@@ -77,6 +78,8 @@ def build(settings: Settings, stages: Sequence[str] = DEFAULT_STAGES) -> tuple[f
     if fused:
         update.register(app, runtime, fused=True)
     else:
+        if {"extract", "update"} <= set(stages) and settings.run_ahead_entries:
+            runtime.run_ahead = RunAhead(settings.run_ahead_entries)
         for name in stages:
             STAGES[name].register(app, runtime)
 

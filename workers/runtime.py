@@ -22,6 +22,7 @@ from stam.recovery import Durability
 from stam.stage_thread import STAGE_THREAD
 from stam.stages import Deps
 from topology.app import Topics
+from workers.run_ahead import RunAhead
 
 log = logging.getLogger("stam.workers")
 
@@ -36,6 +37,8 @@ class Runtime:
     """This process runs the write path: its deps say at start how free text will be decomposed (a query
     process decomposes nothing, so it says nothing of the language model)."""
     durability: Durability = field(init=False)
+    run_ahead: RunAhead | None = None
+    """How far extract runs ahead of update, when this process runs both (``--stages all``)."""
 
     def __post_init__(self) -> None:
         self.durability = Durability(self.settings, lambda: self.deps)

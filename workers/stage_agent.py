@@ -174,10 +174,10 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
             value = opened[id(event)] = sealer.open(raw)
             parsed.append((event, parse(event, value) if parse is not None else _parse(model, event, value)))
         except Erased:
-            MESSAGES.labels(stage=stage, outcome="erased").inc()
+            _counted(runtime, stage, "erased")
             continue
         except PARSE_FAULTS as exc:
-            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            _counted(runtime, stage, "dead_letter")
             await runtime.dead_letter(event, stage, exc, opened.get(id(event)))
     if not parsed:
         return
@@ -185,7 +185,7 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
         results = await _with_retry(stage, parsed[0][0], lambda: fn([p for _, p in parsed], runtime.deps))
     except MESSAGE_FAULTS as exc:
         if len(parsed) == 1:
-            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            _counted(runtime, stage, "dead_letter")
             await runtime.dead_letter(parsed[0][0], stage, exc, opened.get(id(parsed[0][0])))
             return
         for event, _ in parsed:
@@ -196,10 +196,17 @@ async def run_batch(events: Sequence[faust.EventT[Any]], *, stage: str, model: t
         try:
             await on_result(event, result)
         except MessageTooLarge as exc:
-            MESSAGES.labels(stage=stage, outcome="dead_letter").inc()
+            _counted(runtime, stage, "dead_letter")
             await runtime.dead_letter(event, stage, exc, opened.get(id(event)))
             continue
-        MESSAGES.labels(stage=stage, outcome="ok").inc()
+        _counted(runtime, stage, "ok")
+
+
+def _counted(runtime: Runtime, stage: str, outcome: str) -> None:
+    """``stam_messages_total`` for one message of ``stage``, and the run-ahead count (:mod:`workers.run_ahead`)."""
+    MESSAGES.labels(stage=stage, outcome=outcome).inc()
+    if runtime.run_ahead is not None:
+        runtime.run_ahead.outcome(stage, outcome)
 
 
 async def _with_retry(stage: str, event: faust.EventT[Any], call: Callable[[], list[Out]], *,
@@ -315,5 +322,7 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
 
     # take_batches: topology.batching.Stream, the apps' stream class (not on faust's StreamT).
     async for events in stream.take_batches(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
+        if stage == "extract" and runtime.run_ahead is not None:
+            await runtime.run_ahead.room()  # the burst's first entries reach the update stage first
         await run_batch(events, stage=stage, model=model, fn=sealed_fn, runtime=runtime, on_result=hand_on,
                         parse=parse)
