@@ -52,8 +52,9 @@ def reads_for_update(x: ImpactedEntry, state: PatientState, changes: list[Versio
     touched = any(mid in read.ids or _keyed(state, mid, read) for c in changes for mid in c.memories | c.related)
     if any(mid not in state.memories for mid in read.semantic_ids):
         return _redo(x, state, deps)  # a hit gone (a deletion): the next best is not on record
-    newcomers = [mid for c in changes for mid in c.added
-                 if mid in state.memories and mid not in new_ids and mid not in read.ids]
+    if any(mid not in state.memories for c in changes for mid in c.added):
+        return _redo(x, state, deps)  # the log is not this state's history (the patient was erased and written again)
+    newcomers = [mid for c in changes for mid in c.added if mid not in new_ids and mid not in read.ids]
     merged = _merged(x, newcomers, state, deps)
     if merged is None:
         return _redo(x, state, deps)
