@@ -137,9 +137,12 @@ bench-mimic: setup
 
 # A hospital's feed: MIMIC-IV demo patients interleaved by clinical time through the stack, flat out with one and two
 # workers and at a fixed rate, with the Faust floor measured in the same run (~10 min here). JSON in .stam/bench/feed.json.
+# Both write paths on the hospital feed, each flat out and at 50% and 80% of its own flat-out rate, and the Faust
+# floor, in one run (~15 min); FEED_ARGS= gives the script's own defaults (20,000 entries, one and two workers).
+FEED_ARGS ?= --entries 4000 --warmup 500 --runs one rate floor --stages fused all --load 0.5 0.8
 bench-feed: setup
 	mkdir -p .stam/bench
-	$(BIN)/python -m benchmarks.hospital_feed | tee .stam/bench/feed.json
+	$(BIN)/python -m benchmarks.hospital_feed $(FEED_ARGS) | tee .stam/bench/feed.json
 
 # Per-entry update time on the 10 largest and 10 smallest MIMIC-IV demo patients (~15 min).
 bench-scaling: setup

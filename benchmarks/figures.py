@@ -160,9 +160,11 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
     """``python -m benchmarks.hospital_feed``: each run's write path, load, throughput, end-to-end latency, stale-redo
     ratio and CPU per entry; the Faust floor and each write path's ratio to it."""
     rows = []
-    for name, run in report.items():
-        if not (isinstance(run, dict) and "write_path" in run):
-            continue
+    runs = {k: v for k, v in report.items() if isinstance(v, dict) and "write_path" in v}
+    # Recorded since issue 38's read sets and run-ahead bound: what the updater did with the link and impact work,
+    # and the latency of a burst's first tenth.
+    reads = any("link_impact_reads" in run for run in runs.values())
+    for name, run in runs.items():
         load = ("flat out" if run.get("rate_asked") is None else
                 f"{fmt(run['rate_asked'])}/s" + (f" ({round(run['load'] * 100)}%)" if run.get("load") else ""))
         lat = run.get("latency_s") or {}
@@ -172,14 +174,24 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
                      round(lat["p50"] * 1000) if lat else None, round(lat["p99"] * 1000) if lat else None,
                      round(sum(h.get("p50_ms", 0) for h in hop.values())) if hop else None,
                      run.get("stale_redo_ratio"), (run.get("cpu") or {}).get("cpu_ms_per_entry_total")])
+        if reads:
+            shares = run.get("link_impact_reads") or {}
+            first = run.get("first_tenth_latency_s") or {}
+            rows[-1][-1:-1] = [" / ".join(fmt((shares.get(k) or {}).get("share", 0.0)) for k in ("reused", "patched"))
+                               if shares else None]
+            rows[-1].append(round(first["p50"] * 1000) if first else None)
     feed = report["feed"]
     head = (f"{fmt(feed['entries'])} entries of the MIMIC-IV hospital feed ({fmt(feed.get('patients'))} patients), "
             "each run on a fresh embedded stack")
     if "broker_storage" in report:  # recorded since the benchmark could choose them
         head += (f" (the broker's log on {report['broker_storage']}, Redis appendfsync "
                  f"{report.get('redis_fsync', 'everysec')})")
-    out = head + "\n\n" + table(["run", "write path", "workers", "fetch wait ms", "load", "entries/s", "p50 ms",
-                                   "p99 ms", "hop waits p50 ms (sum)", "stale-redo", "CPU ms/entry"], rows)
+    columns = ["run", "write path", "workers", "fetch wait ms", "load", "entries/s", "p50 ms", "p99 ms",
+               "hop waits p50 ms (sum)", "stale-redo", "CPU ms/entry"]
+    if reads:
+        columns[-1:-1] = ["link/impact reused / patched"]
+        columns.append("first tenth p50 ms")
+    out = head + "\n\n" + table(columns, rows)
     floor = report.get("faust_floor")
     if isinstance(floor, dict):
         ratios = [f"{'fused' if k.endswith('_fused') else 'four stages'} {fmt(v)}" for k, v in report.items()
