@@ -54,6 +54,8 @@ messages = st.lists(st.binary(max_size=200) | mutated_entries() | st.just(json.d
 
 
 class _Runtime:
+    run_ahead = None  # no bound on extract: these tests run one stage
+
     def __init__(self) -> None:
         self.deps = SimpleNamespace(router=Router(CodedReasoner()))
         self.letters: list[int] = []
