@@ -34,7 +34,9 @@ class ChangeLog:
     ``max_patients`` patients. A version it did not record (another writer, a deletion, a restart) is a gap, and
     a gap makes :meth:`since` say it cannot tell."""
 
-    def __init__(self, max_patients: int = 20_000, max_versions: int = 128) -> None:
+    def __init__(self, max_patients: int = 2048, max_versions: int = 32) -> None:
+        # An entry's link and impact are at most a run-ahead bound (STAM_RUN_AHEAD_ENTRIES) behind its update, over
+        # every patient of the burst: a few versions of each of the patients written last are what gets asked for.
         self._log: OrderedDict[str, deque[VersionChange]] = OrderedDict()
         self._max_patients = max_patients
         self._max_versions = max_versions

@@ -109,7 +109,8 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
                    else deps.changes.since(pid, x.state_version, w.base_version, w.log))
         relations, candidates, reads = reads_for_update(x, state, changes, deps)
         events, changed = _apply(x, relations, candidates, state, deps)
-        w.log.append(VersionChange.of(state.version, list(changed), events, x.memories))
+        if not x.deferred:  # the one-hop path links at the update: it never reads the log, so it keeps none
+            w.log.append(VersionChange.of(state.version, list(changed), events, x.memories))
         rows = [VectorRow(mid, vec, changed[mid].store) for mid, vec in zip(
             changed, memory_vectors([c.memory for c in changed.values()], deps.embedder), strict=True)]
         deps.vectors.committed(pid, state.version - 1, state.version, rows)
