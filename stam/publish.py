@@ -54,6 +54,10 @@ class PublishSummary:
                 "patients": len(self.patients), "seconds": round(self.seconds, 3), "sources": self.sources}
 
 
+PUBLISH_LINGER_MS = 20
+"""How long the publisher's producer gathers entries into a batch before sending it (see ``Publisher``)."""
+
+
 class Publisher:
     """Sends entries sealed for their patient and keyed by its pseudonym (``stam.crypto``); with
     ``source_system``, each is signed with that configured source's secret (headers ``stam-source``,
@@ -66,7 +70,11 @@ class Publisher:
         self._keys = source_keys(settings) if source_system else None
         if self._keys is not None and source_system is not None:
             self._keys.sign_headers(source_system, b"")  # an unknown source is refused before anything is sent
-        self._producer = kafka_producer(settings, linger_ms=5, max_batch_size=256 * 1024, acks="all")
+        # A 20 ms linger: on the embedded durable broker each batch is one S3 object (a PUT of the batch and one of
+        # its partition's watermark, then a LIST and a GET for every reader), so fewer, larger batches cost less. On
+        # the hospital feed at 400 entries/s (one fused worker, back to back with 5 ms) it halved the entries topic's
+        # objects and cut SeaweedFS CPU per entry by a quarter and the latency with it (docs/embedded-stack.md).
+        self._producer = kafka_producer(settings, linger_ms=PUBLISH_LINGER_MS, max_batch_size=256 * 1024, acks="all")
 
     async def __aenter__(self) -> Publisher:
         try:
