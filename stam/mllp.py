@@ -277,10 +277,11 @@ class MllpListener:
 
     async def start(self) -> None:
         # deferred: stam.publish, stam.transport pull in igraph, redis, numpy
-        from stam.publish import Publisher
+        from stam.publish import ACK_LINGER_MS, Publisher
         from stam.transport import async_redis_client
 
-        self._publisher = Publisher(self.settings, source_system=self.source_system)  # in the loop (aiokafka)
+        # In the loop (aiokafka); each message is acknowledged once its entries are on the topic: a short linger.
+        self._publisher = Publisher(self.settings, source_system=self.source_system, linger_ms=ACK_LINGER_MS)
         await self._publisher.__aenter__()
         self._redis = async_redis_client(self.settings)
         await self._redis.ping()
