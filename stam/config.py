@@ -99,9 +99,9 @@ class Settings(BaseSettings):
     update_batch: int = Field(default=256, ge=1, description="Most entries the update agent applies per batch")
     stage_batch: int = Field(default=256, ge=1, description="Most messages extract/link/impact take per batch")
     run_ahead_entries: int = Field(
-        default=512, ge=0, description="Four stages in one process: most entries the extract stage may have handed "
-        "on that have not reached the end of the update stage (0: no bound); a burst's first transitions then come "
-        "out first")
+        default=4096, ge=0, description="Four stages in one process: most entries the extract stage may have handed "
+        "on that have not reached the end of the update stage (0: no bound): a backlog is worked through in order, "
+        "and link and impact stay within the versions the updater's change log reaches")
     projection_max_vectors: int = Field(
         default=250_000, ge=1, description="Vectors the impact projection keeps warm (384-d: ~1.5 kB each)")
     milvus_flush_s: float = Field(

@@ -34,9 +34,10 @@ class ChangeLog:
     ``max_patients`` patients. A version it did not record (another writer, a deletion, a restart) is a gap, and
     a gap makes :meth:`since` say it cannot tell."""
 
-    def __init__(self, max_patients: int = 2048, max_versions: int = 32) -> None:
-        # An entry's link and impact are at most a run-ahead bound (STAM_RUN_AHEAD_ENTRIES) behind its update, over
-        # every patient of the burst: a few versions of each of the patients written last are what gets asked for.
+    def __init__(self, max_patients: int = 2048, max_versions: int = 256) -> None:
+        # An entry's link and impact are at most a run-ahead bound (STAM_RUN_AHEAD_ENTRIES, 4,096) behind its update,
+        # over every patient of the burst: some versions of each of the patients written last are what gets asked
+        # for. With 32 versions, an unbounded run-ahead left half the hospital feed's entries out of reach (redone).
         self._log: OrderedDict[str, deque[VersionChange]] = OrderedDict()
         self._max_patients = max_patients
         self._max_versions = max_versions
