@@ -1,10 +1,13 @@
 """How far the extract stage of a four-stage worker runs ahead of its update stage, bounded.
 
-On a burst the extract stage takes its topic in batches faster than link, impact and update follow (they share one
-stage thread), so without a bound the thread's queue fills with extract work and the burst's first transitions
-come out only once the whole burst is extracted. With the bound, extract waits while ``run_ahead_entries`` of the
-entries it handed on have not left the pipeline yet (applied, or dead-lettered or dropped on the way), so each
-entry of a burst reaches the update stage about as soon as the stages can take it: first in, first out.
+Extract is the cheapest stage (about 0.06 ms an entry on the hospital feed), so on a backlog it would take its
+whole topic long before link, impact and update follow (they share one stage thread), filling the intermediate
+topics. With the bound, extract waits while ``run_ahead_entries`` of the entries it handed on have not left the
+pipeline yet (applied, or dead-lettered or dropped on the way): a backlog is worked through in order, and the
+state version link and impact read stays within what the updater's change log reaches (``stam.stages.reads``),
+so their work is reused instead of redone. The bound must leave the pipeline its rate times its latency in flight:
+512 cut the four stages' flat-out rate by more than half on the hospital feed; 4,096 (the default) about a tenth.
+On that feed the bound does not bring the first transitions out sooner: the four hops set when they come out.
 
 The count is the process's own: it bounds a worker that runs extract and update both (``--stages all``, the card's
 topology in one process). A worker that runs extract without update has no update to wait for, and is not bounded

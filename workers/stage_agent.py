@@ -323,6 +323,6 @@ async def forward_batches(stream: faust.StreamT[Any], *, stage: str, model: type
     # take_batches: topology.batching.Stream, the apps' stream class (not on faust's StreamT).
     async for events in stream.take_batches(runtime.settings.stage_batch, within=0.02):  # type: ignore[attr-defined]
         if stage == "extract" and runtime.run_ahead is not None:
-            await runtime.run_ahead.room()  # the burst's first entries reach the update stage first
+            await runtime.run_ahead.room()  # a backlog goes through the stages in order (workers.run_ahead)
         await run_batch(events, stage=stage, model=model, fn=sealed_fn, runtime=runtime, on_result=hand_on,
                         parse=parse)
