@@ -6,7 +6,8 @@ topics. With the bound, extract waits while ``run_ahead_entries`` of the entries
 pipeline yet (applied, or dead-lettered or dropped on the way): a backlog is worked through in order, and the
 state version link and impact read stays within what the updater's change log reaches (``stam.stages.reads``),
 so their work is reused instead of redone. The bound must leave the pipeline its rate times its latency in flight:
-512 cut the four stages' flat-out rate by more than half on the hospital feed; 4,096 (the default) about a tenth.
+512 cut the four stages' flat-out rate by more than half on the hospital feed (the broker's log in memory); 4,096
+(the default) about a tenth.
 On that feed the bound does not bring the first transitions out sooner: the four hops set when they come out.
 
 The count is the process's own: it bounds a worker that runs extract and update both (``--stages all``, the card's
