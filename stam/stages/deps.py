@@ -63,10 +63,14 @@ class Reads(Enum):
     """What the update stage did with the link and impact work of an entry."""
 
     CURRENT = "current"
-    """Read at the version the entry is applied to (or the one-hop path, which links at the update)."""
+    """Read at the version the entry is applied to."""
     REUSED = "reused"
+    """Nothing they read changed since: used as they are."""
     PATCHED = "patched"
+    """Looked up again in memory, the semantic search kept with the memories added since merged in."""
     REDONE = "redone"
+    """Searched again: whether what they read changed could not be told (and every entry of the one-hop path, which
+    links at the update)."""
 
 
 @dataclass
