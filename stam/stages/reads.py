@@ -42,27 +42,30 @@ def reads_for_update(x: ImpactedEntry, state: PatientState, changes: list[Versio
                      deps: Deps) -> tuple[Sequence[Relation], dict[str, list[Impact]], Reads]:
     """The relations and candidates the update stage decides ``x`` on, at ``state`` (its working copy), and how
     they were had. ``changes``: what changed since ``x.state_version`` (:meth:`stam.stages.changelog.ChangeLog.since`)."""
-    recorded = {k: [Impact.from_wire(c) for c in v] for k, v in x.candidates.items()}
     if not x.deferred and state.version == x.state_version:
-        return x.relations, recorded, Reads.CURRENT
+        return x.relations, _recorded(x), Reads.CURRENT
     if x.deferred or x.semantic is None or changes is None or any(m.memory_id not in x.semantic for m in x.memories):
         return _redo(x, state, deps)
     read = _what_was_read(x)
-    new_ids = {m.memory_id for m in x.memories}
-    touched = any(mid in read.ids or _keyed(state, mid, read) for c in changes for mid in c.memories | c.related)
     if any(mid not in state.memories for mid in read.semantic_ids):
         return _redo(x, state, deps)  # a hit gone (a deletion): the next best is not on record
     if any(mid not in state.memories for c in changes for mid in c.added):
         return _redo(x, state, deps)  # the log is not this state's history (the patient was erased and written again)
+    new_ids = {m.memory_id for m in x.memories}
     newcomers = [mid for c in changes for mid in c.added if mid not in new_ids and mid not in read.ids]
     merged = _merged(x, newcomers, state, deps)
     if merged is None:
         return _redo(x, state, deps)
     hits, counts = merged
+    touched = any(mid in read.ids or _keyed(state, mid, read) for c in changes for mid in c.memories | c.related)
     if not touched and not counts:
-        return x.relations, recorded, Reads.REUSED
+        return x.relations, _recorded(x), Reads.REUSED
     relations = link_relations(x.entry, x.memories, state, deps)
     return relations, impact_candidates(x.memories, relations, state, deps, x.entry, semantic=hits), Reads.PATCHED
+
+
+def _recorded(x: ImpactedEntry) -> dict[str, list[Impact]]:
+    return {k: [Impact.from_wire(c) for c in v] for k, v in x.candidates.items()}
 
 
 def _redo(x: ImpactedEntry, state: PatientState,
