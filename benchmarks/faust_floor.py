@@ -27,6 +27,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from benchmarks.write_path import CpuMeter
+from stam.transport import PRODUCER_BATCH_BYTES
 from stam_lab.eval.provenance import stamp
 
 PREFIX = "floor"
@@ -42,6 +43,7 @@ def worker_main(broker: str, fanout: int, linger_ms: int = 5, batching: str = "s
 
     app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
                     consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=linger_ms,
+                    producer_max_batch_size=PRODUCER_BATCH_BYTES,
                     broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3,
                     Stream=Stream)
     topics = [app.topic(f"{PREFIX}.{h}", key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -66,7 +68,7 @@ def worker_main(broker: str, fanout: int, linger_ms: int = 5, batching: str = "s
 
 async def drive(bootstrap: str, n: int, fanout: int, payload: bytes, cpu: CpuMeter | None = None,
                 linger_ms: int = 5) -> dict[str, Any]:
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=linger_ms, max_batch_size=PRODUCER_BATCH_BYTES)
     consumer = AIOKafkaConsumer(f"{PREFIX}.out", bootstrap_servers=bootstrap, auto_offset_reset="earliest",
                                 group_id=None)
     await producer.start()

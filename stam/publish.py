@@ -27,7 +27,7 @@ from stam.errors import InputRefused, MessageTooLarge, SourceError
 from stam.integrity import source_keys
 from stam.metrics import DEAD_LETTERS
 from stam.sources.base import BadInput, LoadOptions, SourceFormat, SourceResult, detect, format_names, formats
-from stam.transport import kafka_producer
+from stam.transport import PRODUCER_BATCH_BYTES, kafka_producer
 from topology import topics as t
 from topology.admin import ensure_topics
 
@@ -81,7 +81,8 @@ class Publisher:
         # cost less. On the hospital feed at 400 entries/s (one fused worker, back to back with 5 ms) it halved the
         # entries topic's objects and cut SeaweedFS CPU per entry by a quarter and the latency with it
         # (docs/embedded-stack.md). The MLLP listener keeps 5 ms (ACK_LINGER_MS).
-        self._producer = kafka_producer(settings, linger_ms=linger_ms, max_batch_size=256 * 1024, acks="all")
+        self._producer = kafka_producer(settings, linger_ms=linger_ms, max_batch_size=PRODUCER_BATCH_BYTES,
+                                        acks="all")
 
     async def __aenter__(self) -> Publisher:
         try:

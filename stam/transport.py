@@ -128,6 +128,18 @@ def milvus_token(settings: Settings) -> str:
     return settings.milvus_token.get_secret_value() if settings.milvus_token else ""
 
 
+PRODUCER_BATCH_BYTES = 256 * 1024
+"""The most a producer gathers for one partition before sending (aiokafka's and Faust's default is 16 KiB). A
+producer sends a partition's next batch only once the broker answered its last, so a worker that hands on more
+than that per partition in one batch waits a round trip for every 16 KiB, before it takes its next batch: the
+fused worker's 256 entries give about 400 KiB of sealed transitions. On the embedded durable broker (a batch is
+an S3 object) at 640 entries/s of the hospital feed, handing on took 0.13-0.56 s of each 0.4 s batch cycle and
+the worker kept up with 540 of the 640 asked; with 256 KiB, 605, p99 0.88 s against 1.4 s, and a quarter less
+SeaweedFS CPU per entry. Flat out the fused worker went from 682 to 955-979 entries/s and the four stages from
+165 to 363-380 (docs/operations.md, "The worker's producer batches"). Well under the broker's message limit
+(``schemas.limits.BROKER_MESSAGE_BYTES``)."""
+
+
 # --- the factories --------------------------------------------------------------------------------------
 # aiokafka and pymilvus are deferred imports: heavy (gRPC), and most commands need only one of them.
 

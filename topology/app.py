@@ -8,7 +8,7 @@ import faust
 
 from schemas.limits import BROKER_MESSAGE_BYTES
 from stam.config import Settings
-from stam.transport import faust_broker_kwargs
+from stam.transport import PRODUCER_BATCH_BYTES, faust_broker_kwargs
 from topology import topics as t
 from topology.batching import Stream
 from topology.fetching import App
@@ -65,6 +65,7 @@ def create_app(settings: Settings, *, app_id: str | None = None, web_port: int |
         web_host=host,
         web_bind=host,
         producer_linger_ms=5,
+        producer_max_batch_size=PRODUCER_BATCH_BYTES,  # one round trip per partition per batch (stam.transport)
         producer_max_request_size=BROKER_MESSAGE_BYTES,  # stage outputs are checked against it (workers.stage_agent)
         # Offsets are committed by Faust's commit timer only (every broker_commit_interval), never inline: Faust
         # commits inline from its fetch loop after broker_commit_every acks, and a commit first waits out Redis's
