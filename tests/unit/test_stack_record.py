@@ -75,3 +75,32 @@ def test_a_nearly_full_disk_is_named_when_the_broker_storage_fails(tmp_path: Pat
     assert said.startswith(f": the disk under {tmp_path} has 2.1 GiB free (0.8%)") and "1% free" in said
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(252 * 2**30, 200 * 2**30, 52 * 2**30))
     assert stack.low_disk(tmp_path) == ""
+
+
+def _weed(tmp_path: Path, body: str) -> stack.Process:
+    """A stand-in for ``weed`` whose ``shell`` runs ``body`` (a shell script; $COUNT is the call's number)."""
+    script = tmp_path / "weed"
+    script.write_text(f"#!/bin/sh\nn=$(cat {tmp_path}/calls 2>/dev/null || echo 0); COUNT=$((n + 1))\n"
+                      f"echo $COUNT > {tmp_path}/calls\n{body}\n")
+    script.chmod(0o755)
+    ports = dict.fromkeys(("master.port", "master.port.grpc", "filer.port", "filer.port.grpc"), 1)
+    return stack.Process(name="s3", cmd=[str(script)], port=1, data="", log="", ports=ports)
+
+
+def test_a_weed_shell_that_hangs_is_run_again(tmp_path: Path) -> None:
+    p = _weed(tmp_path, 'cat >/dev/null; [ "$COUNT" -lt 2 ] && sleep 5; echo \'{"fsync": true}\'')
+    stack._configure_fsync(p, timeout_s=1.0)
+    assert (tmp_path / "calls").read_text().strip() == "2"
+
+
+def test_fsync_not_set_is_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "hangs").mkdir()
+    hangs = _weed(tmp_path / "hangs", "sleep 5")
+    with pytest.raises(StackError, match="could not set fsync"):
+        stack._configure_fsync(hangs, attempts=2, timeout_s=0.5)
+    assert (tmp_path / "hangs" / "calls").read_text().strip() == "2"
+    (tmp_path / "refuses").mkdir()
+    refused = _weed(tmp_path / "refuses", "echo 'error: no filer'")
+    with pytest.raises(StackError, match="no filer"):
+        stack._configure_fsync(refused, timeout_s=1.0)
+    assert (tmp_path / "refuses" / "calls").read_text().strip() == "1"  # an answer that is not fsync: no retry
