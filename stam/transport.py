@@ -135,9 +135,9 @@ than that per partition in one batch waits a round trip for every 16 KiB, before
 fused worker's 256 entries give about 400 KiB of sealed transitions. On the embedded durable broker (a batch is
 an S3 object) at 640 entries/s of the hospital feed, handing on took 0.13-0.56 s of each 0.4 s batch cycle and
 the worker kept up with 540 of the 640 asked; with 256 KiB, 605, p99 0.88 s against 1.4 s, and a quarter less
-SeaweedFS CPU per entry. Flat out the fused worker went from 682 to 955-979 entries/s and the four stages from
-165 to 363-380 (docs/operations.md, "The worker's producer batches"). Well under the broker's message limit
-(``schemas.limits.BROKER_MESSAGE_BYTES``)."""
+SeaweedFS CPU per entry. Flat out, over four runs, the fused worker went from 682 to 870-979 entries/s and the
+four stages from 165 to 363-429 (docs/operations.md, "The worker's producer batches"). Well under the broker's
+message limit (``schemas.limits.BROKER_MESSAGE_BYTES``)."""
 
 
 # --- the factories --------------------------------------------------------------------------------------
