@@ -135,10 +135,9 @@ bench-mllp: setup
 bench-mimic: setup
 	$(BIN)/python -m benchmarks.mimic_ingest
 
-# A hospital's feed: MIMIC-IV demo patients interleaved by clinical time through the stack, flat out with one and two
-# workers and at a fixed rate, with the Faust floor measured in the same run (~10 min here). JSON in .stam/bench/feed.json.
-# Both write paths on the hospital feed, each flat out and at 50% and 80% of its own flat-out rate, and the Faust
-# floor, in one run (~15 min); FEED_ARGS= gives the script's own defaults (20,000 entries, one and two workers).
+# A hospital's feed: MIMIC-IV demo patients interleaved by clinical time through the stack. Both write paths, each
+# flat out and at 50% and 80% of its own flat-out rate, and the Faust floor, in one run (~5 min here); JSON in
+# .stam/bench/feed.json. FEED_ARGS= gives the script's own defaults (20,000 entries, one and two workers).
 FEED_ARGS ?= --entries 4000 --warmup 500 --runs one rate floor --stages fused all --load 0.5 0.8
 bench-feed: setup
 	mkdir -p .stam/bench

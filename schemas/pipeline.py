@@ -30,8 +30,9 @@ class LinkedEntry(WireModel):
     state_version: int = Field(ge=0)
     deferred: bool = Field(
         default=False,
-        description="An earlier entry of this patient was still in flight, so work done now would be stale "
-        "when applied: linking and impact retrieval are left to the update stage",
+        description="Linking and impact retrieval are left to the update stage, done there on the state the entry "
+        "is applied to: the one-hop write path's entries, and those of a link stage before issue 38, which deferred "
+        "an entry while an earlier one of its patient was in flight",
     )
 
 
