@@ -21,7 +21,9 @@ concepts (``--cold-vocabulary``: left empty, every new concept is embedded durin
 deployment's first day; the first 10,000 entries bring ~1,100 concepts the warm-up did not).
 
 Per run: entries/s from the first publish to the last entry's first transition, the end-to-end latency of each entry
-(p50/p99), the lag (entries published and not yet applied) sampled every second, how many entries each stage had
+(p50/p99) and its p50 and maximum per half second of publishing (``latency_by_half_second``: a stall of the write path
+shows as a run of slow half seconds; ``slowest_half_second_p50_s``), the lag (entries published and not yet applied)
+sampled every second, how many entries each stage had
 handed on at each second (where a backlog sits), the stage p50/p99 from the workers' histograms (warm-up subtracted,
 workers summed) and each stage's hop wait p50/p99 (``hop_wait``: from a message's produce to its stage starting on
 it), the stale-redo ratio (entries whose link and impact the updater redid / entries updated: the share of work the
@@ -240,6 +242,15 @@ async def _follow(settings: Any, want: set[str], state: dict[str, Any],
         await consumer.stop()
 
 
+def half_seconds(sent_latency: Sequence[tuple[float, float]]) -> list[list[float | int]]:
+    """``[t, entries, p50 s, max s]`` of the entries sent in each half second from ``t`` (seconds since the first
+    publish), from (sent at, latency) pairs: where in a run its slow entries were sent."""
+    bins: dict[int, list[float]] = {}
+    for sent, latency in sent_latency:
+        bins.setdefault(int(sent * 2), []).append(latency)
+    return [[k / 2, len(v), round(float(np.percentile(v, 50)), 3), round(max(v), 3)] for k, v in sorted(bins.items())]
+
+
 _DONE = re.compile(r'^stam_messages_total\{outcome="ok",stage="(\w+)"\} (\S+)', re.M)
 STAGES = ("extract", "link", "impact", "update", "fused")
 
@@ -301,6 +312,7 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
     first_sent = sorted(sent_at, key=sent_at.__getitem__)[: max(1, len(sent_at) // 10)]
     first = [state["done"][e] - sent_at[e] for e in first_sent if e in state["done"]]
     behind = [s - d for _, s, d in lag]
+    halves = half_seconds([(sent_at[e] - started, state["done"][e] - sent_at[e]) for e in state["done"] if e in sent_at])
     step = max(1, len(lag) // 60)
     return {
         "entries": len(entries), "sent": state["sent"], "applied": len(state["done"]), "dead_letters": state["dead"],
@@ -309,6 +321,8 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
         "seconds": round(elapsed, 1), "entries_per_s": round(len(state["done"]) / elapsed, 1) if elapsed else None,
         "latency_s": {"p50": round(float(np.percentile(latencies, 50)), 3),
                       "p99": round(float(np.percentile(latencies, 99)), 3)} if latencies else None,
+        "latency_by_half_second": halves,
+        "slowest_half_second_p50_s": max((h[2] for h in halves), default=None),
         "first_tenth_latency_s": {"p50": round(float(np.percentile(first, 50)), 3),
                                   "p99": round(float(np.percentile(first, 99)), 3)} if first else None,
         "first_transition_s": round(min(state["done"].values()) - started, 3) if state["done"] else None,
