@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import faust
 
@@ -38,6 +39,10 @@ FUSED = "fused"
 """``--stages fused``, the default: the whole write path in one agent, entries topic to transitions topic in one hop
 (``workers.update.register(fused=True)``)."""
 DEFAULT_STAGES = (FUSED,)
+SEAL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-seal")
+"""Where the worker's periodic Milvus seal runs: not on the stage thread. A seal takes Milvus Lite hundreds of
+milliseconds on the hospital feed, and on the stage thread every entry waited it out; the stage's writes go on
+meanwhile (Milvus Lite's inserts do not wait for a seal: ``stam.backends.milvus``)."""
 """What ``stam worker`` runs without ``--stages``: the fused write path (on the hospital feed 1.7 times the four
 stages' flat-out rate at half their CPU per entry; docs/operations.md)."""
 FUSED_FETCH_WAIT_MS = 100
@@ -102,11 +107,11 @@ def build(settings: Settings, stages: Sequence[str] = DEFAULT_STAGES) -> tuple[f
         @app.timer(interval=settings.milvus_flush_s)
         async def _seal_segments() -> None:
             # Milvus Lite searches unsealed segments slowly; sealing keeps read-path searches fast. Only what this
-            # worker wrote since (an idle worker calls nothing). A Milvus outage skips a round; the timer never
-            # dies (a dead timer would stop the worker).
+            # worker wrote since (an idle worker calls nothing), on SEAL_THREAD. A Milvus outage skips a round; the
+            # timer never dies (a dead timer would stop the worker).
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    STAGE_THREAD, lambda: runtime.deps.vectors.flush_own_writes())
+                    SEAL_THREAD, lambda: runtime.deps.vectors.flush_own_writes())
             except Exception as exc:  # noqa: BLE001
                 background_failed("seal_segments", exc)
 

@@ -5,8 +5,15 @@ that changes the field: atomic, so a vector is never in both stores or in neithe
 per entry on the write path (two collections needed an upsert and a delete per store touched). Searches
 name the store, so ACTIVE and HISTORY are still searched separately with their own budgets.
 
-Works with a Milvus server (``http://host:19530``) or Milvus Lite (a path ending in ``.db``). Every search
-and query is filtered by patient id; there is no cross-patient call.
+Works with a Milvus server (``http://host:19530``) or Milvus Lite (a path ending in ``.db``, or the embedded
+stack's Milvus Lite server). Every search and query is filtered by patient id; there is no cross-patient call.
+
+On Milvus Lite a write is an ``insert``, not an ``upsert``: Lite's upsert first reads each key's old row, and that
+read takes the collection's maintenance lock, which Lite holds while it seals a segment or compacts (hundreds of
+milliseconds on the hospital feed, every ``STAM_MILVUS_FLUSH_S``), so every write of the update stage waited out
+each seal. Lite's insert of a key it holds replaces the row (the newest write wins; ``tests/integration/
+test_milvus_lite_writes.py`` checks it on the installed Lite), so the two are the same write there. A Milvus
+server keeps both rows of a key written twice by insert, so there it stays an upsert.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 import numpy as np
-from pymilvus import DataType, MilvusException
+from pymilvus import DataType, MilvusClient, MilvusException
 
 from schemas import Store
 from stam.backends.base import Hit, VectorRow, VectorStore
@@ -42,6 +49,12 @@ def literal(value: str) -> str:
     if any(ord(c) < 32 and c not in "\n\r\t" for c in value):
         raise StoreRejected("an id with a control character cannot be written in a Milvus filter")
     return '"' + "".join(_ESCAPES.get(c, c) for c in value) + '"'
+
+
+def is_milvus_lite(client: MilvusClient) -> bool:
+    """Whether ``client`` talks to Milvus Lite (in this process or its server), which names itself in its version
+    (``milvus_lite-3.2.2``); a Milvus server answers ``v2.x``."""
+    return str(client.get_server_version()).startswith("milvus_lite")
 
 
 def _patient_filter(patient_id: str) -> str:
@@ -79,6 +92,8 @@ class MilvusVectorStore(VectorStore):
         self._dim = dim
         self._name = f"{prefix}_memories"
         self._written = True  # since the last flush (a new client: what an earlier one wrote may be unsealed)
+        self.lite = is_milvus_lite(self._client)
+        """Milvus Lite (writes are inserts: see the module's docstring)."""
         self._ensure(self._name)
 
     def _ensure(self, name: str) -> None:
@@ -115,7 +130,8 @@ class MilvusVectorStore(VectorStore):
         if not rows:
             return
         self._written = True
-        self._client.upsert(self._name, [
+        write = self._client.insert if self.lite else self._client.upsert
+        write(self._name, [
             {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
              "vector": r.vector.tolist()}
             for r in rows
@@ -178,8 +194,14 @@ class MilvusVectorStore(VectorStore):
         return int(res.get("delete_count", 0)) if isinstance(res, dict) else 0
 
     def flush(self) -> None:
-        self._client.flush(self._name)
+        # Cleared first: a write made while the flush runs (the seal timer runs it off the stage thread) sets it
+        # again, and the next round seals it.
         self._written = False
+        try:
+            self._client.flush(self._name)
+        except BaseException:
+            self._written = True
+            raise
 
     def flush_own_writes(self) -> None:
         if self._written:
