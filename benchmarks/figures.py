@@ -164,7 +164,8 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
     # Recorded since issue 38's read sets and run-ahead bound: what the updater did with the link and impact work,
     # and the latency of a burst's first tenth.
     reads = any("link_impact_reads" in run for run in runs.values())
-    # Recorded since the Milvus seal was taken off the stage thread: the p50 of the slowest half second of publishing.
+    # Recorded since the Milvus seal was taken off the stage thread: the p50 of the slowest half second of publishing
+    # (where a stall of the write path shows).
     halves = any("slowest_half_second_p50_s" in run for run in runs.values())
     for name, run in runs.items():
         load = ("flat out" if run.get("rate_asked") is None else
@@ -182,8 +183,8 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
             rows[-1][-1:-1] = [" / ".join(fmt((shares.get(k) or {}).get("share", 0.0)) for k in ("reused", "patched"))
                                if shares else None]
             rows[-1].append(round(first["p50"] * 1000) if first else None)
-        if halves:
-            slowest = run.get("slowest_half_second_p50_s")
+        if halves:  # at a fixed rate only: a flat-out run publishes its whole feed in the first seconds
+            slowest = run.get("slowest_half_second_p50_s") if run.get("rate_asked") is not None else None
             rows[-1].append(round(slowest * 1000) if slowest is not None else None)
     feed = report["feed"]
     head = (f"{fmt(feed['entries'])} entries of the MIMIC-IV hospital feed ({fmt(feed.get('patients'))} patients), "
