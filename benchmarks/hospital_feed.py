@@ -23,14 +23,13 @@ deployment's first day; the first 10,000 entries bring ~1,100 concepts the warm-
 Per run: entries/s from the first publish to the last entry's first transition, the end-to-end latency of each entry
 (p50/p99) and its p50 and maximum per half second of publishing (``latency_by_half_second``: a stall of the write path
 shows as a run of slow half seconds; ``slowest_half_second_p50_s``), the lag (entries published and not yet applied)
-sampled every second, how many entries each stage had
-handed on at each second (where a backlog sits), the stage p50/p99 from the workers' histograms (warm-up subtracted,
-workers summed) and each stage's hop wait p50/p99 (``hop_wait``: from a message's produce to its stage starting on
-it), the stale-redo ratio (entries whose link and impact the updater redid / entries updated: the share of work the
-link and impact agents did not carry), and each worker's peak RSS, and the CPU seconds every process
-spent (the stack's, the workers', this driver's; per entry too). ``cpu_bound_ratio`` is the floor's CPU per entry
-over the write path's: where both runs keep every core busy, it is the ratio the write path's own work leaves room
-for on this machine. Prints JSON on stdout.
+sampled every second, how many entries each stage had handed on at each second (where a backlog sits), the stage
+p50/p99 from the workers' histograms (warm-up subtracted, workers summed) and each stage's hop wait p50/p99
+(``hop_wait``: from a message's produce to its stage starting on it), the stale-redo ratio (entries whose link and
+impact the updater redid / entries updated: the share of work the link and impact agents did not carry), and each
+worker's peak RSS, and the CPU seconds every process spent (the stack's, the workers', this driver's; per entry too).
+``cpu_bound_ratio`` is the floor's CPU per entry over the write path's: where both runs keep every core busy, it is
+the ratio the write path's own work leaves room for on this machine. Prints JSON on stdout.
 
 ``--stages all fused`` measures both write paths in the same run: the four stages over their topics (``all``, the
 default) and the one-hop path (``stam worker --stages fused``), whose keys end in ``_fused``; the fixed-rate runs

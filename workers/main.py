@@ -39,12 +39,12 @@ FUSED = "fused"
 """``--stages fused``, the default: the whole write path in one agent, entries topic to transitions topic in one hop
 (``workers.update.register(fused=True)``)."""
 DEFAULT_STAGES = (FUSED,)
+"""What ``stam worker`` runs without ``--stages``: the fused write path (on the hospital feed 1.7 times the four
+stages' flat-out rate at half their CPU per entry; docs/operations.md)."""
 SEAL_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stam-seal")
 """Where the worker's periodic Milvus seal runs: not on the stage thread. A seal takes Milvus Lite hundreds of
 milliseconds on the hospital feed, and on the stage thread every entry waited it out; the stage's writes go on
 meanwhile (Milvus Lite's inserts do not wait for a seal: ``stam.backends.milvus``)."""
-"""What ``stam worker`` runs without ``--stages``: the fused write path (on the hospital feed 1.7 times the four
-stages' flat-out rate at half their CPU per entry; docs/operations.md)."""
 FUSED_FETCH_WAIT_MS = 100
 """The fused worker's fetch wait unless ``STAM_CONSUMER_FETCH_WAIT_MS`` is set. On the embedded broker (which answers
 a fetch when its wait ends) the one hop waits about half of it at low load; on the hospital feed the fused worker's
