@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ def _record(home: Path, procs: dict[str, stack.Process], stopped: bool = False) 
 def running() -> Any:
     """A process of its own (this test process's title may have been rewritten by a library, as Ray's is)."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    # Until the child has exec'd, its /proc cmdline is this process's (title and all): a busy machine showed it.
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 30
+    while cmdline.exists() and b"time.sleep(120)" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()
