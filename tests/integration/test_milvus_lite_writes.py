@@ -8,13 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from schemas import Store
 from stam.backends.base import VectorRow
 from stam.backends.milvus import MilvusVectorStore
-
-pytestmark = pytest.mark.slow
 
 DIM = 8
 
