@@ -115,7 +115,13 @@ def test_a_redis_crash_that_loses_writes_is_rebuilt_from_the_log(stack_settings:
         ver_after, after = _stored(client, SMALL_PATIENT)
         assert ver_after == ver_full
         assert after == before
-        metrics = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+        # The patient's state is written before the recovery is counted (stam.recovery.recover): wait for the count.
+        deadline = time.monotonic() + 30
+        while True:
+            metrics = __import__("urllib.request").request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+            if b"stam_state_recoveries_total 1.0" in metrics or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert b"stam_state_recoveries_total 1.0" in metrics
 
     logged = asyncio.run(read_log(s))[SMALL_PATIENT]
