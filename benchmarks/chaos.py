@@ -56,13 +56,10 @@ class Stack:
 
     def __init__(self, home: Path, partitions: int = 4, *, redis_fsync: str | None = None) -> None:
         from stam import stack
-        from stam.config import Settings
 
         self.home = home
-        self.info = stack.up(home, redis_fsync=redis_fsync)
-        self.settings = Settings(home=home, broker_url=self.info.broker_url, redis_url=self.info.redis_url,
-                                 milvus_uri=self.info.milvus_uri, partitions=partitions, web_port=0,
-                                 session_timeout_s=6.0)
+        self.info = stack.up(home, redis_fsync=redis_fsync, partitions=partitions)
+        self.settings = stack.settings(self.info, home, web_port=0, session_timeout_s=6.0)
         from topology.admin import ensure_topics
 
         asyncio.run(ensure_topics(self.settings))

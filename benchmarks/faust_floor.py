@@ -34,20 +34,20 @@ PREFIX = "floor"
 HOPS = ["entries", "a", "b", "c", "out"]
 
 
-def worker_main(broker: str, fanout: int, linger_ms: int = 5, batching: str = "stam") -> None:
+def worker_main(broker: str, fanout: int, linger_ms: int = 5, batching: str = "stam", partitions: int = 8) -> None:
     import faust
 
     from stam.config import Settings
     from stam.logs import faust_worker
     from topology.batching import Stream
 
-    app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=8,
+    app = faust.App("floor-worker", broker=broker, store="memory://", topic_partitions=partitions,
                     consumer_auto_offset_reset="earliest", web_enabled=False, producer_linger_ms=linger_ms,
                     producer_max_batch_size=PRODUCER_BATCH_BYTES,
                     broker_session_timeout=10, broker_rebalance_timeout=10, broker_heartbeat_interval=3,
                     Stream=Stream)
     topics = [app.topic(f"{PREFIX}.{h}", key_type=bytes, value_type=bytes, key_serializer="raw",
-                        value_serializer="raw", partitions=8) for h in HOPS]
+                        value_serializer="raw", partitions=partitions) for h in HOPS]
 
     def hop(src: Any, dst: Any, copies: int) -> None:
         @app.agent(src, name=f"floor.{src.get_topic_name()}")
@@ -112,11 +112,11 @@ def main() -> None:
     parser.add_argument("--batching", nargs="+", choices=["stam", "faust"], default=["stam"],
                         help="the hops' batches: stam (the worker's, topology.batching) or faust (Faust's "
                         "take_events, which polls every 20 ms while idle); several: one run each")
-    parser.add_argument("--worker", nargs=4, metavar=("BROKER", "FANOUT", "LINGER", "BATCHING"),
+    parser.add_argument("--worker", nargs=5, metavar=("BROKER", "FANOUT", "LINGER", "BATCHING", "PARTITIONS"),
                         help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.worker[3])
+        worker_main(args.worker[0], int(args.worker[1]), int(args.worker[2]), args.worker[3], int(args.worker[4]))
         return
     results = [floor_run(args, storage, linger, batching) for storage in args.storage for linger in args.linger_ms
                for batching in args.batching]
@@ -142,11 +142,13 @@ def floor_run(args: argparse.Namespace, storage: str, linger_ms: int = 5, batchi
         home = Path(tmp)
         t0 = time.monotonic()
         info = stack.up(home, storage=storage)
+        partitions = info.partitions or stack.EMBEDDED_PARTITIONS
         up_s = time.monotonic() - t0
         log = open(home / "worker.log", "wb")  # noqa: SIM115
         worker = subprocess.Popen([sys.executable, "-m", "benchmarks.faust_floor", "--worker", info.broker_url,
-                                   str(args.fanout), str(linger_ms), batching], cwd=Path(__file__).resolve().parents[1],
-                                  env=dict(os.environ), stdout=log, stderr=subprocess.STDOUT)
+                                   str(args.fanout), str(linger_ms), batching, str(partitions)],
+                                  cwd=Path(__file__).resolve().parents[1], env=dict(os.environ), stdout=log,
+                                  stderr=subprocess.STDOUT)
         try:
             bootstrap = info.broker_url.split("://", 1)[1]
             cpu = CpuMeter({**{n: p.pid for n, p in info.processes.items()}, "worker": worker.pid,
@@ -155,7 +157,7 @@ def floor_run(args: argparse.Namespace, storage: str, linger_ms: int = 5, batchi
                                        linger_ms))
             broker_dir = home / "broker"
             result.update(
-                storage=storage, stack_up_s=round(up_s, 1),
+                storage=storage, partitions=partitions, stack_up_s=round(up_s, 1),
                 broker_disk_mb=round(sum(f.stat().st_size for f in broker_dir.rglob("*") if f.is_file()) / 2**20, 1)
                 if broker_dir.exists() else 0.0,
                 rss_mb={n: _rss_mb(p.pid) for n, p in info.processes.items() if n in ("s3", "broker")})

@@ -191,7 +191,8 @@ def render_hospital_feed(report: dict[str, Any]) -> str:
             "each run on a fresh embedded stack")
     if "broker_storage" in report:  # recorded since the benchmark could choose them
         head += (f" (the broker's log on {report['broker_storage']}, Redis appendfsync "
-                 f"{report.get('redis_fsync', 'everysec')})")
+                 f"{report.get('redis_fsync', 'everysec')}"
+                 + (f", {report['partitions']} partitions a topic" if "partitions" in report else "") + ")")
     columns = ["run", "write path", "workers", "fetch wait ms", "load", "entries/s", "p50 ms", "p99 ms",
                "hop waits p50 ms (sum)", "stale-redo", "CPU ms/entry"]
     if reads:

@@ -63,6 +63,7 @@ import numpy as np
 
 from benchmarks.write_path import CpuMeter, hist_quantile, vmhwm_mb
 from stam.net import free_port
+from stam.stack import EMBEDDED_PARTITIONS
 from stam.transport import kafka_consumer
 from stam_lab.eval.provenance import stamp
 
@@ -120,15 +121,13 @@ def stack_with_workers(home: Path, n: int, stages: str = "all") -> Iterator[
     ``stam worker --stages stages``); yields the settings, the workers with their metrics ports, and the stack's
     process ids by name."""
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     info = stack.up(home)
     workers: list[tuple[subprocess.Popen[bytes], int]] = []
     logs = []
     try:
-        settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                            milvus_uri=info.milvus_uri, web_port=0)
+        settings = stack.settings(info, home, web_port=0)
         asyncio.run(ensure_topics(settings))
         for i in range(n):
             port = free_port()
@@ -386,7 +385,8 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
 
         wait = os.environ.get("STAM_CONSUMER_FETCH_WAIT_MS") or (
             FUSED_FETCH_WAIT_MS if write_path == "fused" else Settings.model_fields["consumer_fetch_wait_ms"].default)
-        return {"workers": workers, "write_path": write_path, "fetch_wait_ms": int(wait),
+        return {"workers": workers, "write_path": write_path, "partitions": settings.partitions,
+                "fetch_wait_ms": int(wait),
                 "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
@@ -425,6 +425,9 @@ def parse_args() -> argparse.Namespace:
                         help="the embedded Redis's appendfsync in every run: always (every write fsynced) or everysec "
                              "(a batch with a new patient's first entry waits up to 2 s for its data key to be on "
                              "disk); default: STAM_REDIS_FSYNC, else always (the stack's default)")
+    parser.add_argument("--partitions", type=int, default=None,
+                        help="partitions of every topic of each run's stack (the floor's too); default: "
+                             "STAM_PARTITIONS, else the embedded stack's own (stam.stack.EMBEDDED_PARTITIONS)")
     parser.add_argument("--cold-vocabulary", action="store_true",
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
                              "during the measurement, as on a deployment's first day (default: the feed's concept "
@@ -493,9 +496,12 @@ def main() -> None:
         os.environ["STAM_BROKER_STORAGE"] = args.broker_storage
     if args.redis_fsync:
         os.environ["STAM_REDIS_FSYNC"] = args.redis_fsync
+    if args.partitions:
+        os.environ["STAM_PARTITIONS"] = str(args.partitions)
     report: dict[str, Any] = {"benchmark": "hospital_feed", "cpu_count": os.cpu_count(),
                               "broker_storage": os.environ.get("STAM_BROKER_STORAGE") or "s3",
                               "redis_fsync": os.environ.get("STAM_REDIS_FSYNC") or "always",
+                              "partitions": int(os.environ.get("STAM_PARTITIONS") or EMBEDDED_PARTITIONS),
                               "feed": {**feed_stats(feed), "of_total": len(whole),
                                        "load_seconds": round(time.monotonic() - t0, 1)}}
     vocabulary = None

@@ -81,7 +81,6 @@ def main() -> None:
                         help="settings of the worker (e.g. STAM_LAG_INTERVAL_S=0), to find what it polls")
     args = parser.parse_args()
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     report: dict[str, Any] = {"benchmark": "idle_cpu", "storage": args.storage, "worker_env": args.worker_env,
@@ -92,8 +91,7 @@ def main() -> None:
         info = stack.up(home, storage=args.storage)
         worker: subprocess.Popen[bytes] | None = None
         try:
-            settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                                milvus_uri=info.milvus_uri)
+            settings = stack.settings(info, home)
             asyncio.run(ensure_topics(settings))
             pids = {n: p.pid for n, p in info.processes.items()}
             if "stack" in args.phases:

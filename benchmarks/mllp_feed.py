@@ -158,7 +158,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     msgs = messages(args.messages)
@@ -167,8 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         info = stack.up(home, storage=args.storage)
         proc = None
         try:
-            settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                                milvus_uri=info.milvus_uri, web_port=0)
+            settings = stack.settings(info, home, web_port=0)
             asyncio.run(ensure_topics(settings))
             port, metrics = free_port(), free_port()
             env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url, STAM_REDIS_URL=info.redis_url,

@@ -78,7 +78,6 @@ def main(argv: list[str] | None = None) -> int:
     from selenium.webdriver.support.ui import WebDriverWait
 
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     work = Path(tempfile.mkdtemp(prefix="stam-timeline-bench-"))
@@ -97,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         home = work / "home"
-        info = stack.up(home)
+        info = stack.up(home, partitions=4)
         try:
-            settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                                milvus_uri=info.milvus_uri, partitions=4, web_port=0)
+            settings = stack.settings(info, home, web_port=0)
             asyncio.run(ensure_topics(settings))
             target = redis.Redis.from_url(info.redis_url)
             counts = {p: copy_patient(source, target, p) for p in dict.fromkeys(patients)}

@@ -188,14 +188,12 @@ class StackWorker:
 def stack_with_worker(home: Path) -> Iterator[StackWorker]:
     """The embedded stack in ``home`` with topics and one write-path worker process; both stopped on exit."""
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     info = stack.up(home)
     try:
         metrics_port = free_port()
-        settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                            milvus_uri=info.milvus_uri, web_port=0)
+        settings = stack.settings(info, home, web_port=0)
         asyncio.run(ensure_topics(settings))
         env = dict(os.environ, STAM_HOME=str(home), STAM_BROKER_URL=info.broker_url,
                    STAM_REDIS_URL=info.redis_url, STAM_MILVUS_URI=info.milvus_uri, STAM_WEB_PORT="0",

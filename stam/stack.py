@@ -16,6 +16,10 @@ Redis writes ``<home>/appendonly.aof`` with ``appendfsync`` from ``STAM_REDIS_FS
 window for it, see docs/embedded-stack.md), ``everysec`` (writes older than ~2 s on disk), or ``no`` (no
 append-only file, only the RDB snapshot: for testing the worker's recovery from a Redis that loses its last
 writes, never for a deployment).
+
+Topics: a new stack's topics get ``EMBEDDED_PARTITIONS`` partitions each (``STAM_PARTITIONS`` chooses another when
+the stack is first started), recorded in ``stack.json``; every command that reaches the stack's broker takes that
+count (``stam.cli.context.load_settings``).
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from stam.config import Settings
 from stam.errors import StackError
 from stam.net import free_port
 
@@ -43,6 +49,13 @@ log = logging.getLogger("stam.stack")
 
 ORDER = ("s3", "broker", "redis", "milvus")
 BUCKET = "tansu"
+EMBEDDED_PARTITIONS = 2
+"""Partitions of each topic of a new embedded stack. The stack is one machine: a topic's partitions bound how many
+worker processes share its work, and Tansu writes a produce request's batch for each partition as its own object
+to SeaweedFS, so each partition a small batch is spread over costs another PUT. On the hospital feed (2 cores, the
+fused worker at 80% of its flat-out rate) 2 partitions took 13-26% off the CPU per entry of 8 and the worker kept
+closer to the rate (docs/operations.md, "The embedded stack's partitions")."""
+
 # weed mini's listeners besides S3, each given a free loopback port so that several stacks can run side by side.
 _WEED_PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
                "filer.port.grpc", "s3.port.grpc", "admin.port", "admin.port.grpc", "debug.port")
@@ -73,6 +86,7 @@ class StackInfo:
     processes: dict[str, Process] = field(default_factory=dict)
     broker_storage: str = "s3"
     redis_fsync: str = "everysec"  # a stack.json written before the field was: what those stacks ran
+    partitions: int | None = None  # a stack.json written before the field: not known (the settings' count applies)
     stopped: bool = False
     restarted: list[str] = field(default_factory=list)  # what the last ``up`` (re)started; not saved
 
@@ -313,10 +327,12 @@ def _configure_fsync(p: Process, *, attempts: int = 3, timeout_s: float = 20.0) 
     raise StackError(f"s3: could not set fsync on bucket {BUCKET}: {said[-300:]!r}")
 
 
-def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None) -> StackInfo:
+def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None,
+       partitions: int | None = None) -> StackInfo:
     """Start the stack, or the processes of a recorded stack that are not running (same ports, same data).
-    ``storage``/``redis_fsync`` (default: ``STAM_BROKER_STORAGE``, ``STAM_REDIS_FSYNC``, else s3/always)
-    apply to a new home; a recorded stack keeps its own. ``info.restarted`` names what this call started."""
+    ``storage``/``redis_fsync``/``partitions`` (default: ``STAM_BROKER_STORAGE``, ``STAM_REDIS_FSYNC``,
+    ``STAM_PARTITIONS``, else s3/always/``EMBEDDED_PARTITIONS``) apply to a new home; a recorded stack keeps its own.
+    ``info.restarted`` names what this call started."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "logs").mkdir(exist_ok=True)
     info = read_stack(home)
@@ -327,9 +343,10 @@ def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None
     if info is None:
         storage = storage or os.environ.get("STAM_BROKER_STORAGE") or "s3"
         redis_fsync = redis_fsync or os.environ.get("STAM_REDIS_FSYNC") or "always"
+        partitions = partitions or _env_partitions() or EMBEDDED_PARTITIONS
         procs = _specs(home, storage, redis_fsync, {})
         info = StackInfo(broker_url="", redis_url="", milvus_uri="", pids={}, processes=procs,
-                         broker_storage=storage, redis_fsync=redis_fsync, stopped=True)
+                         broker_storage=storage, redis_fsync=redis_fsync, partitions=partitions, stopped=True)
     elif info.stopped:
         # Nothing runs: the same ports where still free (new ones where not), the same data.
         ports = {n: {k: v for k, v in {"main": p.port, **p.ports}.items() if _port_free(v)}
@@ -373,6 +390,29 @@ def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None
     info.restarted = started
     _write(home, info)
     return info
+
+
+def _env_partitions() -> int | None:
+    """``STAM_PARTITIONS`` when set (a positive count, else StackError, one line)."""
+    raw = os.environ.get("STAM_PARTITIONS")
+    if not raw:
+        return None
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise StackError(f"STAM_PARTITIONS={raw!r} is not a partition count (a whole number, 1 or more)")
+    return int(raw)
+
+
+def settings(info: StackInfo, home: Path, **extra: Any) -> Settings:
+    """Settings that reach the stack ``info`` recorded in ``home``: its addresses and its topics' partition count
+    (where recorded), with ``extra`` (a stack's own values are not overridden by it: start the stack with them)."""
+    own: dict[str, Any] = {"home": home, "broker_url": info.broker_url, "redis_url": info.redis_url,
+                           "milvus_uri": info.milvus_uri}
+    if info.partitions is not None:
+        own["partitions"] = info.partitions
+    clash = sorted(k for k in extra if k in own)
+    if clash:
+        raise ValueError(f"{', '.join(clash)}: the stack's own (give them to stack.up)")
+    return Settings(**own, **extra)
 
 
 def _kill(pid: int, sig: int) -> None:

@@ -64,13 +64,12 @@ def stack_settings(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     import asyncio
 
     from stam import stack
-    from stam.config import Settings
     from topology.admin import ensure_topics
 
     home = tmp_path_factory.mktemp("stack")
-    info = stack.up(home, storage="s3" if request.node.get_closest_marker("durable_broker") else "memory")
-    settings = Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url,
-                        milvus_uri=info.milvus_uri, partitions=4, web_port=0)
+    info = stack.up(home, storage="s3" if request.node.get_closest_marker("durable_broker") else "memory",
+                    partitions=4)
+    settings = stack.settings(info, home, web_port=0)
     asyncio.run(ensure_topics(settings))
     yield settings
     stack.down(home)

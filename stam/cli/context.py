@@ -19,7 +19,8 @@ SERVICES = {"broker": ("broker_url", ("s3", "broker")), "redis": ("redis_url", (
 
 
 def load_settings(needs: Iterable[str] = tuple(SERVICES)) -> Settings:
-    """Settings from the environment, completed by the running embedded stack where env is silent.
+    """Settings from the environment, completed by the running embedded stack where env is silent: its addresses,
+    and its topics' partition count wherever its broker is the one used (``STAM_PARTITIONS`` may only repeat it).
 
     ``needs``: the services the command uses (broker, redis, milvus). One the environment does not name
     (``STAM_BROKER_URL``, ``STAM_REDIS_URL``, ``STAM_MILVUS_URI``) must come from a stack recorded in the home;
@@ -46,6 +47,14 @@ def load_settings(needs: Iterable[str] = tuple(SERVICES)) -> Settings:
                        ("milvus_uri", info.milvus_uri)):
         if fld not in given:
             overrides[fld] = value
+    if info.partitions is not None and overrides.get("broker_url", base.broker_url) == info.broker_url:
+        # The stack's topics were made with its count; a worker or publisher with another would compute other
+        # partitions for a patient than the broker's (the deletion sweep does) and declare other topics.
+        if os.environ.get("STAM_PARTITIONS") and base.partitions != info.partitions:
+            raise StackError(f"STAM_PARTITIONS is {base.partitions}, but the embedded stack in {base.home} made its "
+                             f"topics with {info.partitions} partitions; unset it (a count is chosen when a new "
+                             "stack is first started)")
+        overrides["partitions"] = info.partitions
     return base.model_copy(update=overrides)
 
 

@@ -25,7 +25,8 @@ def cmd_stack(args: argparse.Namespace) -> int:
         asyncio.run(ensure_topics(settings))
         print(json.dumps({"broker_url": info.broker_url, "redis_url": info.redis_url,
                           "milvus_uri": info.milvus_uri, "broker_storage": info.broker_storage,
-                          "redis_fsync": info.redis_fsync, "started": info.restarted}, indent=2))
+                          "redis_fsync": info.redis_fsync, "partitions": settings.partitions,
+                          "started": info.restarted}, indent=2))
     elif args.action == "down":
         print("stopped (data kept in " + str(home) + ")" if stack.down(home) else "no stack running")
     else:

@@ -4,6 +4,7 @@ real processes: Tansu on SeaweedFS S3, redis-server with an append-only file, th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -24,8 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _settings(info: stack.StackInfo, home: Path) -> Settings:
-    return Settings(home=home, broker_url=info.broker_url, redis_url=info.redis_url, milvus_uri=info.milvus_uri,
-                    partitions=2, web_port=0)
+    return stack.settings(info, home, web_port=0)
 
 
 async def _produce(settings: Settings, n: int, start: int) -> None:
@@ -63,9 +63,9 @@ def _kill9(info: stack.StackInfo, *names: str) -> None:
         time.sleep(0.1)
 
 
-def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _cli(home: Path, *args: str, **given: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STAM_")}
-    env.update(STAM_HOME=str(home), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    env.update(STAM_HOME=str(home), PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", **given)
     return subprocess.run([sys.executable, "-m", "stam.cli", *args], env=env, capture_output=True, text=True,
                           timeout=120, cwd=ROOT, check=False)
 
@@ -135,3 +135,33 @@ def test_status_names_a_dead_process_the_cli_refuses_and_up_restarts_only_it(hom
     stack.down(home)
     state = _cli(home, "state", "--patient", "p1")
     assert state.returncode != 0 and "stopped" in state.stderr and "stam stack up" in state.stderr
+
+
+async def _partition_counts(settings: Settings) -> dict[str, int]:
+    consumer = kafka_consumer(settings, group_id=None)
+    await consumer.start()
+    try:
+        names = {spec.name(settings.topic_prefix) for spec in t.ALL}
+        return {n: len(consumer.partitions_for_topic(n) or ()) for n in await consumer.topics() if n in names}
+    finally:
+        await consumer.stop()
+
+
+def test_stack_up_makes_its_topics_with_the_count_it_records(home: Path) -> None:
+    """`stam stack up` on a new home: every STAM topic with stack.EMBEDDED_PARTITIONS partitions, recorded, kept
+    across down/up; a command given another count for that broker is refused in one line."""
+    up = _cli(home, "stack", "up")
+    assert up.returncode == 0, up.stderr
+    assert json.loads(up.stdout)["partitions"] == stack.EMBEDDED_PARTITIONS
+    info = stack.read_stack(home)
+    assert info is not None and info.partitions == stack.EMBEDDED_PARTITIONS
+    counts = asyncio.run(_partition_counts(_settings(info, home)))
+    assert sorted(counts) == sorted(spec.name("stam") for spec in t.ALL)
+    assert set(counts.values()) == {stack.EMBEDDED_PARTITIONS}
+    stack.down(home)
+    assert stack.up(home).partitions == stack.EMBEDDED_PARTITIONS
+    other = _cli(home, "transitions", "--seconds", "1", STAM_PARTITIONS="8")
+    assert other.returncode != 0
+    assert other.stderr.strip().splitlines() == [
+        f"stam: STAM_PARTITIONS is 8, but the embedded stack in {home} made its topics with "
+        f"{stack.EMBEDDED_PARTITIONS} partitions; unset it (a count is chosen when a new stack is first started)"]

@@ -15,10 +15,12 @@ from stam import stack
 from stam.errors import StackError
 
 
-def _record(home: Path, procs: dict[str, stack.Process], stopped: bool = False) -> None:
+def _record(home: Path, procs: dict[str, stack.Process], stopped: bool = False,
+            partitions: int | None = None) -> None:
     home.mkdir(parents=True, exist_ok=True)
     info = stack.StackInfo(broker_url="kafka://127.0.0.1:1", redis_url="redis://127.0.0.1:2/0",
-                           milvus_uri="http://127.0.0.1:3", pids={}, processes=procs, stopped=stopped)
+                           milvus_uri="http://127.0.0.1:3", pids={}, processes=procs, stopped=stopped,
+                           partitions=partitions)
     stack._write(home, info)
 
 
@@ -110,3 +112,53 @@ def test_fsync_not_set_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(StackError, match="no filer"):
         stack._configure_fsync(refused, timeout_s=1.0)
     assert (tmp_path / "refuses" / "calls").read_text().strip() == "1"  # an answer that is not fsync: no retry
+
+
+def _env(monkeypatch: Any, home: Path, **given: str) -> None:
+    for name in ("STAM_BROKER_URL", "STAM_REDIS_URL", "STAM_MILVUS_URI", "STAM_PARTITIONS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("STAM_HOME", str(home))
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_commands_take_the_partition_count_of_the_stack_whose_broker_they_use(
+        tmp_path: Path, running: Any, monkeypatch: Any) -> None:
+    """A stack's topics were made with its count; a worker or publisher on its broker with another would put a
+    patient in another partition than the broker does (the deletion sweep computes it)."""
+    from stam.cli.context import load_settings
+
+    procs = {n: stack.Process(name=n, cmd=[sys.executable], port=1, data="", log="", pid=running.pid)
+             for n in stack.ORDER}
+    _record(tmp_path, procs, partitions=2)
+    _env(monkeypatch, tmp_path)
+    assert load_settings().partitions == 2
+    _env(monkeypatch, tmp_path, STAM_PARTITIONS="2", STAM_BROKER_URL="kafka://127.0.0.1:1")  # the stack's, repeated
+    assert load_settings().partitions == 2
+    _env(monkeypatch, tmp_path, STAM_PARTITIONS="8")
+    with pytest.raises(StackError, match=r"^STAM_PARTITIONS is 8, but the embedded stack in .* made its topics "
+                                         r"with 2 partitions; unset it"):
+        load_settings()
+    _env(monkeypatch, tmp_path, STAM_PARTITIONS="8", STAM_BROKER_URL="kafka://10.0.0.9:9092")  # another broker
+    assert load_settings().partitions == 8
+    _record(tmp_path, procs)  # a stack recorded before the count was: the settings' own
+    _env(monkeypatch, tmp_path, STAM_PARTITIONS="4")
+    assert load_settings().partitions == 4
+
+
+def test_settings_for_a_stack_carry_its_count_and_a_new_stack_takes_it_from_the_environment(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    info = stack.StackInfo(broker_url="kafka://127.0.0.1:1", redis_url="redis://127.0.0.1:2/0",
+                           milvus_uri="http://127.0.0.1:3", pids={}, partitions=3)
+    made = stack.settings(info, tmp_path, web_port=0)
+    assert (made.partitions, made.broker_url, made.web_port, made.home) == (3, info.broker_url, 0, tmp_path)
+    with pytest.raises(ValueError, match="partitions: the stack's own"):
+        stack.settings(info, tmp_path, partitions=8)
+    monkeypatch.delenv("STAM_PARTITIONS", raising=False)
+    assert stack._env_partitions() is None  # a new stack: stack.EMBEDDED_PARTITIONS
+    monkeypatch.setenv("STAM_PARTITIONS", "6")
+    assert stack._env_partitions() == 6
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("STAM_PARTITIONS", bad)
+        with pytest.raises(StackError, match=f"^STAM_PARTITIONS={bad!r} is not a partition count"):
+            stack._env_partitions()
