@@ -375,6 +375,10 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
         cpu = CpuMeter({**stack_pids, **{f"worker-{i}": p.pid for i, (p, _) in enumerate(procs)},
                         "driver": os.getpid()})
         result = asyncio.run(_measure(settings, feed, rate, quiet_s, dead_before=warmed["dead_letters"], ports=ports))
+        if warmed["stalled"] or result["stalled"]:  # the workers' logs go with the stack's temporary home
+            for i in range(workers):
+                tail = (Path(tmp) / f"worker-{i}.log").read_text(errors="replace").splitlines()[-40:]
+                print(f"stalled: the last lines of worker-{i}'s log:", *tail, sep="\n  ", file=sys.stderr)
         spent = cpu.report(result["applied"])
         after = scrape(ports)
         stages = stage_quantiles(before, after)
