@@ -338,12 +338,14 @@ def up(home: Path, *, storage: str | None = None, redis_fsync: str | None = None
     info = read_stack(home)
     if info is not None and not info.dead():
         return info
+    fresh = info is None  # a new home: its topics are yet to be made
     if info is not None and any(not p.cmd for p in info.processes.values()):
         info = None  # an old stack.json without commands: start afresh (data stays in home)
     if info is None:
         storage = storage or os.environ.get("STAM_BROKER_STORAGE") or "s3"
         redis_fsync = redis_fsync or os.environ.get("STAM_REDIS_FSYNC") or "always"
-        partitions = partitions or _env_partitions() or EMBEDDED_PARTITIONS
+        # An old stack's topics were made before the count was recorded: not known (the settings' own applies).
+        partitions = (partitions or _env_partitions() or EMBEDDED_PARTITIONS) if fresh else None
         procs = _specs(home, storage, redis_fsync, {})
         info = StackInfo(broker_url="", redis_url="", milvus_uri="", pids={}, processes=procs,
                          broker_storage=storage, redis_fsync=redis_fsync, partitions=partitions, stopped=True)
