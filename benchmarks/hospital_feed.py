@@ -154,6 +154,8 @@ def stack_with_workers(home: Path, n: int, stages: str = "all") -> Iterator[
 
 
 _BUCKET = re.compile(r'(stam_stage_seconds|stam_hop_wait_seconds)_bucket\{le="([^"]+)",stage="(\w+)"\} (\S+)')
+_WRITE_BUCKET = re.compile(r'^(stam_commit_seconds|stam_delivery_seconds)_bucket\{le="([^"]+)"(?:,store="(\w+)")?\} (\S+)',
+                           re.M)
 
 
 def _metrics(port: int) -> str:
@@ -161,10 +163,12 @@ def _metrics(port: int) -> str:
 
 
 def scrape(ports: Sequence[int]) -> dict[str, Any]:
-    """Stage time and hop wait histogram buckets, the stale-redo counter and what the updater did with the link and
-    impact work (``stam_update_reads_total``), summed over the workers."""
+    """Stage time, hop wait, and the update's writes and delivery (``writes``: milvus, redis, delivery) histogram
+    buckets, the stale-redo counter and what the updater did with the link and impact work
+    (``stam_update_reads_total``), summed over the workers."""
     buckets: dict[str, dict[float, float]] = {}
     waits: dict[str, dict[float, float]] = {}
+    writes: dict[str, dict[float, float]] = {}
     reads: dict[str, float] = {}
     redo = 0.0
     for port in ports:
@@ -173,11 +177,14 @@ def scrape(ports: Sequence[int]) -> dict[str, Any]:
             family = buckets if m.group(1) == "stam_stage_seconds" else waits
             stage = family.setdefault(m.group(3), {})
             stage[float(m.group(2))] = stage.get(float(m.group(2)), 0.0) + float(m.group(4))
+        for m in _WRITE_BUCKET.finditer(text):
+            step = writes.setdefault(m.group(3) or "delivery", {})
+            step[float(m.group(2))] = step.get(float(m.group(2)), 0.0) + float(m.group(4))
         found = re.search(r"^stam_stale_redo_total (\S+)", text, re.M)
         redo += float(found.group(1)) if found else 0.0
         for m in re.finditer(r'^stam_update_reads_total\{reads="(\w+)"\} (\S+)', text, re.M):
             reads[m.group(1)] = reads.get(m.group(1), 0.0) + float(m.group(2))
-    return {"buckets": buckets, "waits": waits, "stale_redo": redo, "reads": reads}
+    return {"buckets": buckets, "waits": waits, "writes": writes, "stale_redo": redo, "reads": reads}
 
 
 def reads_of(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
@@ -189,7 +196,8 @@ def reads_of(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_quantiles(before: dict[str, Any], after: dict[str, Any], family: str = "buckets") -> dict[str, Any]:
-    """p50/p99 per stage of the run (``after`` less ``before``): stage time (``buckets``) or hop wait (``waits``)."""
+    """p50/p99 per stage of the run (``after`` less ``before``): stage time (``buckets``), hop wait (``waits``), or
+    the update's writes and delivery (``writes``: per batch for milvus and redis, per entry for delivery)."""
     out: dict[str, Any] = {}
     for stage, b in after[family].items():
         prior = before[family].get(stage, {})
@@ -233,6 +241,9 @@ async def _follow(settings: Any, want: set[str], state: dict[str, Any],
                     if entry in want and entry not in done:
                         done[entry] = now
                         last_move = now
+                        # the last hop: from the transition's produce (its Kafka timestamp, the worker's send)
+                        # to this consumer holding it (one host: one clock)
+                        state["last_hop"].append(time.time() - rec.timestamp / 1000)
             if now - last_move > quiet_s and state["published"]:
                 state["stalled"] = True
                 return
@@ -275,7 +286,7 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
     want = {e.entry_id for e in entries}
     sent_at: dict[str, float] = {}
     state: dict[str, Any] = {"done": {}, "dead": -dead_before, "sent": 0, "published": False, "stalled": False,
-                             "transitions": 0}
+                             "transitions": 0, "last_hop": []}
     lag: list[tuple[float, int, int]] = []
     per_stage: list[list[float | int]] = []
     base = await asyncio.to_thread(stage_counts, ports) if ports else []
@@ -324,6 +335,9 @@ async def _measure(settings: Any, entries: Sequence[Any], rate: float | None, qu
         "first_tenth_latency_s": {"p50": round(float(np.percentile(first, 50)), 3),
                                   "p99": round(float(np.percentile(first, 99)), 3)} if first else None,
         "first_transition_s": round(min(state["done"].values()) - started, 3) if state["done"] else None,
+        "transitions_hop_ms": {"p50": round(float(np.percentile(state["last_hop"], 50)) * 1000, 1),
+                               "p99": round(float(np.percentile(state["last_hop"], 99)) * 1000, 1)}
+        if state["last_hop"] else None,
         "lag_entries": {"max": max(behind, default=0),
                         "at_end_of_publish": next((s - d for t, s, d in lag if t >= published), None),
                         "series_t_sent_done": lag[::step]},
@@ -393,6 +407,7 @@ def run(feed: Sequence[Any], warm: Sequence[Any], workers: int, rate: float | No
                 "fetch_wait_ms": int(wait),
                 "warmup": warmup, **result, "stages": stages,
                 "hop_wait": stage_quantiles(before, after, "waits"),
+                "writes": stage_quantiles(before, after, "writes"),
                 "stale_redo": int(redo), "stale_redo_ratio": round(redo / updated, 3) if updated else None,
                 "link_impact_reads": reads_of(before, after),
                 "worker_peak_rss_mb": [vmhwm_mb(p.pid) for p, _ in procs], "cpu": spent}

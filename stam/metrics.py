@@ -18,6 +18,19 @@ HOP_WAIT_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0,
              30.0, 60.0, 300.0),
 )
+COMMIT_SECONDS = Histogram(
+    "stam_commit_seconds",
+    "One update batch's write of what it applied, by store: 'milvus' (the changed memories' vectors) and 'redis' "
+    "(every patient's state with its transition outboxes in one MULTI/EXEC; the server's fsync included when it "
+    "runs appendfsync always)", ["store"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+DELIVERY_SECONDS = Histogram(
+    "stam_delivery_seconds",
+    "From an applied entry's transitions handed to the producer to the broker's acknowledgement of all of them "
+    "(the outbox publish: the producer's linger, the produce round trip and the broker's write)",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
 FREE_TEXT = Counter("stam_free_text_entries_total",
                     "Entries carrying free text, by handling: 'decomposed' by the language model, or kept "
                     "'verbatim' as one note memory because no model is configured", ["handling"])

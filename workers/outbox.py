@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from time import perf_counter
 from typing import Any
 
 from stam.errors import MessageTooLarge
+from stam.metrics import DELIVERY_SECONDS
 from stam.stage_thread import STAGE_THREAD
 from stam.stages import decode_outbox
 from workers.runtime import Runtime
@@ -41,18 +43,23 @@ class DeliveredOutboxes:
         self.to_clear = asyncio.Event()
         """Set while ``delivered`` holds outboxes."""
 
-    def after_delivery(self, futures: Sequence[Any], patient_id: str, entry_id: str) -> None:
-        """Clear the outbox of the entry once the broker has confirmed every one of ``futures`` (its sends)."""
-        task = asyncio.ensure_future(self._clear_when_delivered(futures, patient_id, entry_id))
+    def after_delivery(self, futures: Sequence[Any], patient_id: str, entry_id: str,
+                       handed: float | None = None) -> None:
+        """Clear the outbox of the entry once the broker has confirmed every one of ``futures`` (its sends);
+        ``stam_delivery_seconds`` from ``handed`` (``perf_counter()`` before the first send; default: now)."""
+        task = asyncio.ensure_future(self._clear_when_delivered(
+            futures, patient_id, entry_id, perf_counter() if handed is None else handed))
         self.pending.add(task)
         task.add_done_callback(self.pending.discard)
 
-    async def _clear_when_delivered(self, futures: Sequence[Any], patient_id: str, entry_id: str) -> None:
+    async def _clear_when_delivered(self, futures: Sequence[Any], patient_id: str, entry_id: str,
+                                    sent: float) -> None:
         try:
             await asyncio.gather(*futures)
         except Exception:  # delivery failed: keep the outbox; it is republished on restart or redelivery
             log.warning("transition delivery failed; outbox kept for republication")
             return
+        DELIVERY_SECONDS.observe(perf_counter() - sent)
         self.delivered.append((patient_id, entry_id))
         self.to_clear.set()
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from time import perf_counter
 from typing import Any, TypeVar
 
 import faust
@@ -115,6 +116,7 @@ class Publisher:
                                   "the entry's state change is applied, its transitions are kept in the Redis "
                                   "outbox and were not published")
         transitions = self.runtime.topics.transitions
+        handed = perf_counter()
         futures = [await send_bytes(transitions, k, v, what="transition") for k, v in sealed]
         if not out.duplicate:
             for t in out.transitions:
@@ -127,7 +129,7 @@ class Publisher:
                                 "transition)", r.reason.value)
         if futures:
             first = out.transitions[0]
-            self.outboxes.after_delivery(futures, first.patient_id, first.entry_id)
+            self.outboxes.after_delivery(futures, first.patient_id, first.entry_id, handed)
 
     async def close_gap(self, ids: tuple[str, str]) -> None:
         # An entry already applied (a replay of a dead letter whose entry got in another way) has no gap.

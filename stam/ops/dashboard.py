@@ -45,6 +45,11 @@ ROWS: list[tuple[str, list[PanelSpec]]] = [
          "consumer's fetch wait and the batch window (stage latency plus hop wait, summed over the stages, is the "
          "write path's latency budget)",
          _quantiles("stam_hop_wait_seconds", "stage")),
+        ("Commit and delivery p50/p99", "s", "Within the update stage, each batch's writes of what it applied: its "
+         "vectors to Milvus and its state with the transition outboxes to Redis (one MULTI/EXEC, fsync included); "
+         "then, after the stage, from the transitions handed to the producer to the broker's acknowledgement",
+         [*(_quantiles("stam_commit_seconds", "store")),
+          *((f"delivery {legend}", expr) for legend, expr in _quantiles("stam_delivery_seconds", ""))]),
         ("Transitions by kind and reason", "ops", "State transitions applied by the update stage",
          [("{{kind}} {{reason}}", f"sum by (kind, reason) (rate(stam_transitions_total[{RATE}]))")]),
         ("Dead letters by stage and error type", "short", "Messages sent to the dead-letter topic in 5 minutes "

@@ -29,6 +29,7 @@ from stam.embedding import memory_vectors
 from stam.errors import ConcurrentUpdate, EntryIdCollision, ReasoningError
 from stam.ids import transition_id
 from stam.integrity import archive_refusal
+from stam.metrics import COMMIT_SECONDS
 from stam.patient_state import PatientState
 from stam.reasoning.base import Candidate, Impact
 from stam.stages.changelog import VersionChange
@@ -125,10 +126,12 @@ def _update_batch_once(items: Sequence[ImpactedEntry], deps: Deps) -> list[Updat
                       changed=list(w.changed.values()), outboxes=w.outboxes, sources=w.sources)
                for pid, w in work.items() if w.outboxes]
     try:
-        for c in commits:
-            deps.vectors.place(c.patient_id, list(work[c.patient_id].rows.values()))
         if commits:
-            deps.states.commit_many(commits)
+            with COMMIT_SECONDS.labels(store="milvus").time():
+                for c in commits:
+                    deps.vectors.place(c.patient_id, list(work[c.patient_id].rows.values()))
+            with COMMIT_SECONDS.labels(store="redis").time():
+                deps.states.commit_many(commits)
     except BaseException:
         for pid in work:
             deps.vectors.forget(pid)

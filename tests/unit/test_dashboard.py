@@ -30,7 +30,8 @@ def test_staleness_is_detected(tmp_path: Path) -> None:
 
 def test_panels_cover_what_the_issue_asks() -> None:
     titles = {t for t, _ in dashboard.queries()}
-    for wanted in ["Entries/s per stage", "Stage latency p50/p99", "Hop wait p50/p99", "Transitions by kind and reason",
+    for wanted in ["Entries/s per stage", "Stage latency p50/p99", "Hop wait p50/p99", "Commit and delivery p50/p99",
+                   "Transitions by kind and reason",
                    "Dead letters by stage and error type", "Consumer lag per topic and partition",
                    "Link and impact work at the updater",
                    "Queries/s", "Query latency p50/p99", "HISTORY served", "Served tokens", "Language-model calls/s",

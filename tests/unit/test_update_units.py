@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import fields
 from datetime import UTC, datetime
@@ -237,13 +238,37 @@ async def test_a_failed_delivery_keeps_its_outbox(tmp_path: Path) -> None:
     outboxes = DeliveredOutboxes(runtime_with(tmp_path, states), wait_s=0.01)
     loop = asyncio.get_running_loop()
     ok, failed = loop.create_future(), loop.create_future()
+    timed = _delivery_seconds()
     outboxes.after_delivery([ok, failed], "p1", "e1")  # one of the entry's transitions not delivered
     ok.set_result(None)
     failed.set_exception(ConnectionError("broker gone"))
     await until(lambda: not outboxes.pending)
     assert outboxes.delivered == [] and not outboxes.to_clear.is_set()
+    assert _delivery_seconds() == timed  # not delivered: no delivery time
     await outboxes.clear_round()
     assert states.calls == []
+
+
+def _delivery_seconds() -> tuple[float, float]:
+    from prometheus_client import REGISTRY
+
+    return (REGISTRY.get_sample_value("stam_delivery_seconds_count") or 0.0,
+            REGISTRY.get_sample_value("stam_delivery_seconds_sum") or 0.0)
+
+
+async def test_the_delivery_time_runs_from_the_hand_over_to_the_last_acknowledgement(tmp_path: Path) -> None:
+    outboxes = DeliveredOutboxes(runtime_with(tmp_path, FakeStates()), wait_s=0.01)
+    loop = asyncio.get_running_loop()
+    first, last = loop.create_future(), loop.create_future()
+    count, total = _delivery_seconds()
+    outboxes.after_delivery([first, last], "p1", "e1", time.perf_counter() - 0.2)  # handed over 200 ms ago
+    first.set_result(None)
+    await asyncio.sleep(0.1)
+    assert _delivery_seconds() == (count, total)  # one of the two still unacknowledged
+    last.set_result(None)
+    await until(lambda: not outboxes.pending)
+    now_count, now_total = _delivery_seconds()
+    assert now_count == count + 1 and 0.3 <= now_total - total < 5
 
 
 async def test_an_unreachable_store_keeps_the_batch_for_the_next_round(tmp_path: Path) -> None:
