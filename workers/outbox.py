@@ -53,13 +53,13 @@ class DeliveredOutboxes:
         task.add_done_callback(self.pending.discard)
 
     async def _clear_when_delivered(self, futures: Sequence[Any], patient_id: str, entry_id: str,
-                                    sent: float) -> None:
+                                    handed: float) -> None:
         try:
             await asyncio.gather(*futures)
         except Exception:  # delivery failed: keep the outbox; it is republished on restart or redelivery
             log.warning("transition delivery failed; outbox kept for republication")
             return
-        DELIVERY_SECONDS.observe(perf_counter() - sent)
+        DELIVERY_SECONDS.observe(perf_counter() - handed)
         self.delivered.append((patient_id, entry_id))
         self.to_clear.set()
 
