@@ -451,7 +451,10 @@ def parse_args() -> argparse.Namespace:
                         help="leave the shared concept cache empty: every concept the warm-up did not bring is embedded "
                              "during the measurement, as on a deployment's first day (default: the feed's concept "
                              "vectors are put in the cache first, as a hospital's steady state finds them)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.partitions is not None and args.partitions < 1:
+        parser.error(f"--partitions {args.partitions}: a partition count is 1 or more")
+    return args
 
 
 def rate_runs(args: argparse.Namespace, report: dict[str, Any], ones: dict[str, Any], feed: Sequence[Any],
@@ -515,7 +518,7 @@ def main() -> None:
         os.environ["STAM_BROKER_STORAGE"] = args.broker_storage
     if args.redis_fsync:
         os.environ["STAM_REDIS_FSYNC"] = args.redis_fsync
-    if args.partitions:
+    if args.partitions is not None:
         os.environ["STAM_PARTITIONS"] = str(args.partitions)
     report: dict[str, Any] = {"benchmark": "hospital_feed", "cpu_count": os.cpu_count(),
                               "broker_storage": os.environ.get("STAM_BROKER_STORAGE") or "s3",

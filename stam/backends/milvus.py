@@ -129,13 +129,17 @@ class MilvusVectorStore(VectorStore):
     def place(self, patient_id: str, rows: Sequence[VectorRow]) -> None:
         if not rows:
             return
-        self._written = True
         write = self._client.insert if self.lite else self._client.upsert
-        write(self._name, [
-            {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
-             "vector": r.vector.tolist()}
-            for r in rows
-        ])
+        try:
+            write(self._name, [
+                {"memory_id": r.memory_id, "patient_id": patient_id, "store": r.store.value,
+                 "vector": r.vector.tolist()}
+                for r in rows
+            ])
+        finally:
+            # Marked once the rows are in (or may be, after a failure): a seal that cleared the mark while they
+            # were being written is followed by another round.
+            self._written = True
 
     def search(self, patient_id: str, store: Store, vectors: np.ndarray, limit: int) -> list[list[Hit]]:
         if len(vectors) == 0:
